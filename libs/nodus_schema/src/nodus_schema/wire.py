@@ -1,0 +1,19 @@
+"""The base of every wire type: msgspec Structs, camelCase on the wire, defaults left out."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Wire(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    """Base of every API and bus type.
+
+    Fields are snake_case in Python and camelCase on the wire; fields whose camelCase form differs from
+    the reference (``maxCostUSD``, ``totalGPUs``, ``sha256``) set ``name=`` explicitly. ``omit_defaults``
+    keeps unset optional fields off the wire, as Kubernetes' ``omitempty`` does.
+    """
+
+
+API_GROUP = "nodus.dev"
+API_VERSION = "nodus.dev/v1"
+DOCS_BASE = "https://docs.nodus.dev"
