@@ -1,0 +1,153 @@
+"""Every stream and KeyValue bucket of Nodus, declared in one table and created idempotently.
+
+Services call :func:`ensure` at start; running it twice, or from several replicas at once, is safe: a
+missing stream is created, an existing one is updated to the declared config. ``docs/bus.md`` lists the
+same table for operators.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A KeyValue bucket holding one resource: key ``<namespace>.<name>``, value the object's JSON."""
+
+    name: str
+    description: str
+    history: int = 1
+    # Per-message TTL (nats-server 2.11) serves leases; the marker TTL makes expiries visible to watches.
+    msg_ttl: bool = False
+
+    @property
+    def stream(self) -> str:
+        return f"KV_{self.name}"
+
+    @property
+    def subjects(self) -> list[str]:
+        return [f"$KV.{self.name}.>"]
+
+    def config(self, replicas: int) -> StreamConfig:
+        return StreamConfig(
+            name=self.stream,
+            description=self.description,
+            subjects=self.subjects,
+            max_msgs_per_subject=self.history,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.NEW,
+            num_replicas=replicas,
+            allow_rollup_hdrs=True,
+            deny_delete=True,
+            allow_direct=True,
+            allow_msg_ttl=self.msg_ttl or None,
+            subject_delete_marker_ttl=60.0 if self.msg_ttl else None,
+        )
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A stream of work or reports, consumed by durable consumers (at-least-once)."""
+
+    name: str
+    description: str
+    subjects: list[str]
+    retention: RetentionPolicy = RetentionPolicy.LIMITS
+    max_age_s: float = 7 * 24 * 3600
+    # Deduplication window for Nats-Msg-Id: a redelivered publish inside it is dropped by the server.
+    duplicate_window_s: float = 120.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    def config(self, replicas: int) -> StreamConfig:
+        return StreamConfig(
+            name=self.name,
+            description=self.description,
+            subjects=self.subjects,
+            retention=self.retention,
+            max_age=self.max_age_s,
+            storage=StorageType.FILE,
+            num_replicas=replicas,
+            duplicate_window=self.duplicate_window_s,
+            allow_atomic=True,
+        )
+
+
+BUCKETS: tuple[Bucket, ...] = (
+    Bucket("sweeps", "Sweep objects (owner: api-gateway spec, sweep-controller status)"),
+    Bucket("jobs", "Job objects, cells included (owner: api-gateway spec, scheduler status)"),
+    Bucket("attempts", "Attempts: one run of one index on one node (owner: scheduler)"),
+    Bucket("nodes", "Node records of registered agents (owner: node-agent)"),
+    Bucket("accounts", "Billing accounts and balances (owner: billing)"),
+    Bucket("leases", "Leader-election leases of controller replicas", msg_ttl=True),
+)
+
+STREAMS: tuple[Stream, ...] = (
+    Stream(
+        "NODUS_ASSIGNMENTS",
+        "Work for node agents: start/stop an Attempt (scheduler -> node-agent)",
+        ["nodus.assign.>"],
+        retention=RetentionPolicy.WORK_QUEUE,
+    ),
+    Stream(
+        "NODUS_REPORTS",
+        "Reports from node agents: attempt phases, exits, throughput (node-agent -> scheduler, billing)",
+        ["nodus.report.>"],
+    ),
+    Stream(
+        "NODUS_BILLING",
+        "Usage and charges (billing)",
+        ["nodus.billing.>"],
+    ),
+    Stream(
+        "NODUS_EVENTS",
+        "Events about objects, for people and tools (every service)",
+        ["nodus.events.>"],
+        max_age_s=24 * 3600,
+    ),
+    Stream(
+        "NODUS_DEAD",
+        "Dead letters: messages a handler rejected for good, with the reason in headers",
+        ["nodus.dead.>"],
+        max_age_s=14 * 24 * 3600,
+    ),
+)
+
+
+def bucket(name: str) -> Bucket:
+    for b in BUCKETS:
+        if b.name == name:
+            return b
+    raise KeyError(f"no bucket {name!r} is declared in nodus_kit.declaring.BUCKETS")
+
+
+async def ensure(
+    js: JetStreamContext,
+    buckets: tuple[Bucket, ...] = BUCKETS,
+    streams: tuple[Stream, ...] = STREAMS,
+    replicas: int = 1,
+) -> None:
+    """Create or update every declared bucket and stream; safe to run concurrently and repeatedly."""
+    for cfg in [b.config(replicas) for b in buckets] + [s.config(replicas) for s in streams]:
+        await _ensure_stream(js, cfg)
+
+
+async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
+    try:
+        await js.stream_info(cfg.name or "")
+    except NotFoundError:
+        try:
+            await js.add_stream(cfg)
+            log.info("stream created", extra={"stream": cfg.name})
+            return
+        except BadRequestError as e:
+            # Another replica created it between our look and our add (10058: name already in use).
+            if e.err_code != 10058:
+                raise
+    await js.update_stream(cfg)

@@ -1,0 +1,241 @@
+"""Typed messages on the bus: publish with a deterministic id, consume with mapped outcomes, request/reply.
+
+* every JetStream publish carries ``Nats-Msg-Id`` (the server drops a duplicate inside the stream's
+  window), the trace context and the request id;
+* a consumer is a durable pull consumer; the handler's outcome maps to the JetStream reply:
+  return -> ack; :class:`TemporaryError` -> nak(delay); :class:`PermanentError` or a message that does
+  not decode -> term, and a copy goes to ``nodus.dead.<stream>.<consumer>`` with the reason in headers;
+  any other exception -> nak with capped exponential backoff, dead-lettered after ``max_deliver``;
+* request/reply maps "no responders" to :class:`Unavailable` and a timeout to :class:`Timeout`; a
+  responder's error comes back as the same error class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, PubAck
+from nats.js.errors import NotFoundError
+
+from nodus_kit import errors, tracing
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
+
+MSG_ID = "Nats-Msg-Id"
+ERROR_HEADER = "Nodus-Error"
+DEAD_REASON = "Nodus-Dead-Reason"
+DEAD_SUBJECT = "Nodus-Dead-Subject"
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery(Generic[T]):
+    """A decoded message and what a handler may want to know about its delivery."""
+
+    data: T
+    subject: str
+    headers: dict[str, str]
+    attempt: int  # 1 on first delivery
+
+    @property
+    def request_id(self) -> str | None:
+        return self.headers.get(tracing.REQUEST_ID)
+
+
+async def publish(
+    js: JetStreamContext,
+    subject: str,
+    message: Any,
+    *,
+    msg_id: str,
+    headers: dict[str, str] | None = None,
+) -> PubAck:
+    """Publish one typed message; ``msg_id`` must be deterministic (the business key + version)."""
+    hdrs = tracing.inject({**(headers or {}), MSG_ID: msg_id})
+    return await js.publish(subject, _encoder.encode(message), headers=hdrs)
+
+
+def backoff(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
+    """Capped exponential backoff for the n-th failed delivery (n >= 1)."""
+    return float(min(cap, base * (2 ** max(0, attempt - 1))))
+
+
+Handler = Callable[[Delivery[T]], Awaitable[None]]
+
+
+class Consumer(Generic[T]):
+    """A pull-consumer loop for one durable consumer; :meth:`stop` finishes the in-flight batch."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        stream: str,
+        durable: str,
+        subject: str,
+        typ: type[T],
+        handler: Handler[T],
+        max_deliver: int = 8,
+        batch: int = 32,
+        ack_wait_s: float = 30.0,
+    ) -> None:
+        self.js, self.stream, self.durable, self.subject = js, stream, durable, subject
+        self.decoder = msgspec.json.Decoder(typ)
+        self.handler = handler
+        self.max_deliver, self.batch, self.ack_wait_s = max_deliver, batch, ack_wait_s
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Consumer[T]:
+        config = ConsumerConfig(
+            durable_name=self.durable,
+            filter_subject=self.subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            # One more than ours, so the loop (not the server) decides when a message is dead.
+            max_deliver=self.max_deliver + 1,
+        )
+        self.sub = await self.js.pull_subscribe(self.subject, durable=self.durable, stream=self.stream, config=config)
+        self._task = asyncio.create_task(self._run(), name=f"consume:{self.durable}")
+        return self
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                msgs = await self.sub.fetch(self.batch, timeout=1.0)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except NotFoundError:
+                await asyncio.sleep(0.5)  # consumer lost with a server restart: the next fetch recreates
+                continue
+            except Exception as e:  # the loop must outlive transient bus errors
+                log.warning("fetch failed: %s", e, extra={"consumer": self.durable})
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                await self._handle(msg)
+
+    async def _handle(self, msg: Msg) -> None:
+        attempt = int(msg.metadata.num_delivered)
+        headers = dict(msg.headers or {})
+        try:
+            data = self.decoder.decode(msg.data)
+        except msgspec.DecodeError as e:
+            await self._dead(msg, f"undecodable: {e}")
+            return
+        token = tracing.set_request_id(headers.get(tracing.REQUEST_ID))
+        ctx = tracing.extract(headers)
+        try:
+            with tracing.tracer.start_as_current_span(f"consume {msg.subject}", context=ctx):
+                await self.handler(Delivery(data, msg.subject, headers, attempt))
+        except errors.TemporaryError as e:
+            await self._retry(msg, attempt, e.delay, str(e))
+        except errors.PermanentError as e:
+            await self._dead(msg, str(e) or type(e).__name__)
+        except Exception as e:
+            log.exception("handler failed", extra={"consumer": self.durable, "subject": msg.subject})
+            await self._retry(msg, attempt, backoff(attempt), f"{type(e).__name__}: {e}")
+        else:
+            await msg.ack()
+        finally:
+            tracing._request_id.reset(token)
+
+    async def _retry(self, msg: Msg, attempt: int, delay: float, reason: str) -> None:
+        if attempt >= self.max_deliver:
+            await self._dead(msg, f"gave up after {attempt} deliveries: {reason}")
+        else:
+            await msg.nak(delay=delay)
+
+    async def _dead(self, msg: Msg, reason: str) -> None:
+        headers = {**(msg.headers or {}), DEAD_REASON: reason[:1000], DEAD_SUBJECT: msg.subject}
+        headers.pop(MSG_ID, None)
+        await self.js.publish(f"nodus.dead.{self.stream}.{self.durable}", msg.data, headers=headers)
+        await msg.term()
+        log.error("dead-lettered: %s", reason, extra={"consumer": self.durable, "subject": msg.subject})
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.sub.unsubscribe()
+
+
+# -- request / reply ------------------------------------------------------------------------------
+async def request(nc: NATS, subject: str, message: Any, reply_type: type[R], *, timeout: float = 5.0) -> R:
+    """Ask a service; its typed answer, or the error it answered with, as the kit's error classes."""
+    headers = tracing.inject({})
+    try:
+        msg = await nc.request(subject, _encoder.encode(message), timeout=timeout, headers=headers)
+    except NoRespondersError:
+        raise errors.Unavailable(f"nobody serves {subject}: is the service running?") from None
+    except (NatsTimeout, asyncio.TimeoutError):
+        raise errors.Timeout(f"{subject} did not answer within {timeout}s") from None
+    if msg.headers and ERROR_HEADER in msg.headers:
+        raise _error(msg.headers[ERROR_HEADER], msg.data.decode(errors="replace"))
+    return msgspec.json.decode(msg.data, type=reply_type)
+
+
+def _error(reason: str, message: str) -> errors.NodusError:
+    for cls in (
+        errors.NotFound,
+        errors.AlreadyExists,
+        errors.Conflict,
+        errors.Expired,
+        errors.Invalid,
+        errors.Timeout,
+        errors.Unavailable,
+    ):
+        if cls.reason == reason:
+            return cls(message)
+    err = errors.NodusError(message)
+    err.reason = reason
+    return err
+
+
+async def serve(
+    nc: NATS,
+    subject: str,
+    request_type: type[T],
+    handler: Callable[[T], Awaitable[Any]],
+    *,
+    queue: str = "",
+) -> Any:
+    """Declare an endpoint: decode, call, encode; errors go back as ``Nodus-Error`` replies."""
+    decoder = msgspec.json.Decoder(request_type)
+
+    async def on_msg(msg: Msg) -> None:
+        token = tracing.set_request_id((msg.headers or {}).get(tracing.REQUEST_ID))
+        try:
+            with tracing.tracer.start_as_current_span(f"serve {subject}", context=tracing.extract(msg.headers)):
+                reply = await handler(decoder.decode(msg.data))
+            await msg.respond(_encoder.encode(reply))
+        except msgspec.DecodeError as e:
+            await _respond_error(msg, "BadRequest", f"request does not decode: {e}")
+        except errors.NodusError as e:
+            await _respond_error(msg, e.reason, str(e))
+        except Exception as e:
+            log.exception("endpoint failed", extra={"subject": subject})
+            await _respond_error(msg, "InternalError", f"{type(e).__name__}: {e}")
+        finally:
+            tracing._request_id.reset(token)
+
+    return await nc.subscribe(subject, queue=queue, cb=on_msg)
+
+
+async def _respond_error(msg: Msg, reason: str, message: str) -> None:
+    if msg.reply:
+        await msg._client.publish(msg.reply, message.encode(), headers={ERROR_HEADER: reason})

@@ -1,0 +1,203 @@
+"""The service base: settings from the environment, structured logs, a health endpoint, tracing,
+and a run loop that shuts down gracefully on SIGTERM/SIGINT.
+
+A service is a :class:`Service` with ``start`` (declare endpoints, consumers, controllers) and ``stop``.
+``main(ServiceClass)`` is all a ``__main__`` needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from nats.aio.client import Client as NATS
+
+from nodus_kit import declaring, tracing
+from nodus_kit.connecting import connect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Read once from ``NODUS_*`` variables; every field has a default that works on one machine."""
+
+    service: str
+    nats_url: str = "nats://127.0.0.1:4222"
+    health_host: str = "127.0.0.1"
+    health_port: int = 0  # 0: pick a free port (written to the log)
+    log_level: str = "INFO"
+    log_format: str = "json"
+    replica: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    replicas: int = 1  # stream replicas when declaring (3 in a cluster)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, service: str, environ: dict[str, str] | None = None) -> Settings:
+        e = dict(os.environ if environ is None else environ)
+        return cls(
+            service=service,
+            nats_url=e.get("NODUS_NATS_URL", cls.nats_url),
+            health_host=e.get("NODUS_HEALTH_HOST", cls.health_host),
+            health_port=int(e.get("NODUS_HEALTH_PORT", "0")),
+            log_level=e.get("NODUS_LOG_LEVEL", cls.log_level).upper(),
+            log_format=e.get("NODUS_LOG_FORMAT", cls.log_format),
+            replica=e.get("NODUS_REPLICA", f"{socket.gethostname()}-{os.getpid()}"),
+            replicas=int(e.get("NODUS_STREAM_REPLICAS", "1")),
+            env={k: v for k, v in e.items() if k.startswith("NODUS_")},
+        )
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the request id and any ``extra`` fields."""
+
+    _skip: ClassVar[set[str]] = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        rid = tracing.current_request_id()
+        if rid:
+            out["requestId"] = rid
+        out.update({k: v for k, v in vars(record).items() if k not in self._skip})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.log_format == "json":
+        handler.setFormatter(JsonFormatter(settings.service))
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {settings.service} %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level)
+
+
+Check = Callable[[], Awaitable[bool]]
+
+
+class HealthServer:
+    """``GET /healthz`` (alive) and ``GET /readyz`` (every check passes): a tiny HTTP server on asyncio,
+    so no web framework is needed in services that have no HTTP API of their own."""
+
+    def __init__(self, host: str, port: int, checks: dict[str, Check]) -> None:
+        self.host, self.port, self.checks = host, port, checks
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = (await asyncio.wait_for(reader.readline(), 5)).decode(errors="replace")
+            path = line.split(" ")[1] if line.count(" ") >= 2 else "/"
+            results = {}
+            if path.startswith("/readyz"):
+                for name, check in self.checks.items():
+                    try:
+                        results[name] = bool(await asyncio.wait_for(check(), 2))
+                    except Exception:
+                        results[name] = False
+            ok = all(results.values()) and path.split("?")[0] in ("/healthz", "/readyz")
+            body = json.dumps({"status": "ok" if ok else "fail", "checks": results}).encode()
+            status = "200 OK" if ok else ("404 Not Found" if path.split("?")[0] not in ("/healthz", "/readyz")
+                                          else "503 Service Unavailable")
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n".encode() + body
+            )
+            await writer.drain()
+        except Exception:
+            pass
+        finally:
+            writer.close()
+
+    async def stop(self) -> None:
+        if self._server:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+class Service:
+    """Base of every Nodus service process. Subclasses set ``name`` and override ``start``/``stop``."""
+
+    name: ClassVar[str] = "service"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.nc: NATS | None = None
+        self.stopping = asyncio.Event()
+        self.health: HealthServer | None = None
+
+    @property
+    def bus(self) -> NATS:
+        assert self.nc is not None, "the service is not connected yet"
+        return self.nc
+
+    async def start(self) -> None:
+        """Declare endpoints, consumers and controllers. Called once connected and declared."""
+
+    async def stop(self) -> None:
+        """Stop consumers and controllers; in-flight work finishes."""
+
+    def checks(self) -> dict[str, Check]:
+        async def bus_ok() -> bool:
+            return self.nc is not None and self.nc.is_connected
+
+        return {"nats": bus_ok}
+
+    async def run(self) -> None:
+        self.nc = await connect(self.settings.nats_url, f"{self.name}:{self.settings.replica}")
+        await declaring.ensure(self.nc.jetstream(), replicas=self.settings.replicas)
+        self.health = HealthServer(self.settings.health_host, self.settings.health_port, self.checks())
+        port = await self.health.start()
+        await self.start()
+        log.info("service ready", extra={"health": f"http://{self.settings.health_host}:{port}/readyz"})
+        try:
+            await self.stopping.wait()
+        finally:
+            log.info("service stopping")
+            await self.stop()
+            await self.health.stop()
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+
+
+def main(cls: type[Service], argv: list[str] | None = None) -> None:
+    """Entry point of a service's ``python -m`` and console script."""
+    settings = Settings.from_env(cls.name)
+    setup_logging(settings)
+    tracing.setup(cls.name)
+
+    async def _run() -> None:
+        service = cls(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.stopping.set)
+        await service.run()
+
+    asyncio.run(_run())

@@ -1,0 +1,378 @@
+"""ObjectStore: Kubernetes-style objects in a JetStream KeyValue bucket, as etcd holds them for Kubernetes.
+
+* key ``<namespace>.<name>`` (``_`` for cluster-scoped objects); value the object's JSON;
+* ``metadata.resourceVersion`` is the KV revision, i.e. the bucket stream's sequence: monotonic per
+  resource, stamped on read and never stored inside the value (it is not known before the write);
+* every write is compare-and-set on the subject's last sequence: a lost race raises :class:`Conflict`;
+* a create carries ``Nodus-Op: create`` and a delete is a KV delete marker that still carries the
+  object's last state, so a watch tells ADDED, MODIFIED and DELETED apart and a DELETED event has the
+  object, as Kubernetes' does;
+* a list returns the stream's last sequence as its resourceVersion; watching from there misses nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import APIError, NotFoundError
+
+from nodus_kit.errors import AlreadyExists, Conflict, Expired, NotFound
+from nodus_kit.selecting import Selector
+
+KV_OP = "KV-Operation"
+NODUS_OP = "Nodus-Op"
+EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+CLUSTER = "_"
+# Keys under this prefix hold the store's own bookkeeping (the compacted revision); namespaces are DNS
+# labels and can never start with "_", so they never collide with objects.
+META_PREFIX = "_meta"
+COMPACTED_KEY = f"{META_PREFIX}.compacted"
+WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
+class Meta(Protocol):
+    name: str | None
+    namespace: str | None
+    uid: str | None
+    resource_version: str | None
+    creation_timestamp: str | None
+    labels: dict[str, str]
+
+
+class HasMeta(Protocol):
+    @property
+    def metadata(self) -> Any: ...
+
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+@dataclass(frozen=True, slots=True)
+class Event(Generic[T]):
+    """One change seen by a watch: ``type`` is ADDED, MODIFIED or DELETED; ``revision`` its sequence."""
+
+    type: str
+    object: T
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    items: list[T]
+    resource_version: int
+    continue_token: str | None
+    remaining: int | None
+
+
+def key_of(namespace: str | None, name: str) -> str:
+    return f"{namespace or CLUSTER}.{name}"
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ObjectStore(Generic[T]):
+    """Typed CRUD + list + watch over one bucket. Safe to share between tasks."""
+
+    def __init__(self, nc: NATS, bucket: str, typ: type[T]) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.bucket = bucket
+        self.stream = f"KV_{bucket}"
+        self.prefix = f"$KV.{bucket}."
+        self.typ = typ
+        self._decoder = msgspec.json.Decoder(typ)
+        self._encoder = msgspec.json.Encoder()
+
+    # -- encoding -----------------------------------------------------------------------------------
+    def _encode(self, obj: T) -> bytes:
+        # resourceVersion is the revision of the write itself, so it never goes into the stored value.
+        meta = msgspec.structs.replace(_meta(obj), resource_version=None)
+        return self._encoder.encode(msgspec.structs.replace(obj, metadata=meta))  # type: ignore[type-var]
+
+    def _decode(self, data: bytes, revision: int) -> T:
+        obj = self._decoder.decode(data)
+        meta = msgspec.structs.replace(_meta(obj), resource_version=str(revision))
+        return msgspec.structs.replace(obj, metadata=meta)  # type: ignore[type-var]
+
+    # -- reads --------------------------------------------------------------------------------------
+    async def get(self, namespace: str | None, name: str) -> T:
+        msg = await self._last(key_of(namespace, name))
+        if msg is None:
+            raise NotFound(f"{self.bucket} {namespace}/{name} not found")
+        return self._decode(msg.data, msg.seq)
+
+    async def _last(self, key: str) -> Any:
+        try:
+            msg = await self.js.get_msg(self.stream, subject=self.prefix + key, direct=True)
+        except NotFoundError:
+            return None
+        if msg.headers and msg.headers.get(KV_OP) in ("DEL", "PURGE"):
+            return None
+        return msg
+
+    # -- writes -------------------------------------------------------------------------------------
+    async def create(self, obj: T) -> T:
+        """Store a new object; :class:`AlreadyExists` if the name is taken."""
+        meta = _meta(obj)
+        if not meta.name:
+            raise ValueError("metadata.name is required to store an object")
+        stamped = msgspec.structs.replace(
+            meta,
+            uid=meta.uid or str(uuid.uuid4()),
+            creation_timestamp=meta.creation_timestamp or now_rfc3339(),
+        )
+        obj = msgspec.structs.replace(obj, metadata=stamped)  # type: ignore[type-var]
+        key = key_of(meta.namespace, meta.name)
+        data = self._encode(obj)
+        try:
+            seq = await self._publish(key, data, last=0, op="create")
+        except Conflict:
+            # The subject has history: either a live object (AlreadyExists) or a delete marker, which a
+            # create may replace (compare-and-set on the marker's revision, as nats-py's kv.create does).
+            marker = await self._marker_revision(key)
+            if marker is None:
+                raise AlreadyExists(f"{self.bucket} {meta.namespace}/{meta.name} already exists") from None
+            try:
+                seq = await self._publish(key, data, last=marker, op="create")
+            except Conflict:
+                raise AlreadyExists(f"{self.bucket} {meta.namespace}/{meta.name} already exists") from None
+        return self._with_rv(obj, seq)
+
+    async def _marker_revision(self, key: str) -> int | None:
+        try:
+            msg = await self.js.get_msg(self.stream, subject=self.prefix + key, direct=True)
+        except NotFoundError:
+            return 0
+        if msg.headers and msg.headers.get(KV_OP) in ("DEL", "PURGE"):
+            return int(msg.seq)
+        return None
+
+    async def update(self, obj: T) -> T:
+        """Compare-and-set on ``metadata.resourceVersion``; :class:`Conflict` if someone wrote first."""
+        meta = _meta(obj)
+        if not meta.resource_version:
+            raise ValueError("update needs metadata.resourceVersion (read the object first)")
+        key = key_of(meta.namespace, meta.name)
+        try:
+            seq = await self._publish(key, self._encode(obj), last=int(meta.resource_version), op="update")
+        except Conflict:
+            if await self._last(key) is None:
+                raise NotFound(f"{self.bucket} {meta.namespace}/{meta.name} not found") from None
+            raise
+        return self._with_rv(obj, seq)
+
+    async def mutate(self, namespace: str | None, name: str, change: Callable[[T], T | None]) -> T:
+        """Read-modify-write with retries on conflict; ``change`` returning None means no write."""
+        while True:
+            current = await self.get(namespace, name)
+            wanted = change(current)
+            if wanted is None or wanted == current:
+                return current
+            try:
+                return await self.update(wanted)
+            except Conflict:
+                continue
+
+    async def delete(self, namespace: str | None, name: str, *, resource_version: str | None = None) -> T:
+        """Delete, leaving a marker that carries the last state (for DELETED watch events)."""
+        while True:
+            current = await self.get(namespace, name)
+            if resource_version and current_rv(current) != resource_version:
+                raise Conflict(
+                    f"{self.bucket} {namespace}/{name} is at resourceVersion {current_rv(current)}, "
+                    f"not {resource_version}"
+                )
+            meta = _meta(current)
+            final = msgspec.structs.replace(
+                current,  # type: ignore[type-var]
+                metadata=msgspec.structs.replace(meta, deletion_timestamp=meta.deletion_timestamp or now_rfc3339()),
+            )
+            try:
+                seq = await self._publish(
+                    key_of(namespace, name), self._encode(final), last=int(current_rv(current)), op="delete"
+                )
+            except Conflict:
+                if resource_version:
+                    raise
+                continue
+            return self._with_rv(final, seq)
+
+    async def _publish(self, key: str, data: bytes, *, last: int, op: str) -> int:
+        headers = {EXPECTED_LAST_SUBJECT_SEQ: str(last), NODUS_OP: op}
+        if op == "delete":
+            headers[KV_OP] = "DEL"
+        try:
+            ack = await self.js.publish(self.prefix + key, data, headers=headers)
+        except APIError as e:
+            if e.err_code in WRONG_LAST_SEQUENCE:
+                raise Conflict(f"{self.bucket} {key} changed since revision {last}") from e
+            raise
+        return int(ack.seq)
+
+    def _with_rv(self, obj: T, seq: int) -> T:
+        meta = msgspec.structs.replace(_meta(obj), resource_version=str(seq))
+        return msgspec.structs.replace(obj, metadata=meta)  # type: ignore[type-var]
+
+    # -- list ---------------------------------------------------------------------------------------
+    async def last_revision(self) -> int:
+        info = await self.js.stream_info(self.stream)
+        return int(info.state.last_seq)
+
+    async def list(
+        self,
+        namespace: str | None = None,
+        *,
+        selector: Selector | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> Page[T]:
+        """Objects sorted by key; ``limit`` + ``continue`` page through them, as Kubernetes does."""
+        after = _decode_continue(continue_token) if continue_token else None
+        rv = await self.last_revision()
+        if after is not None and after[1] < rv:
+            rv = after[1]  # later pages report the first page's revision, as a consistent list would
+        items: list[tuple[str, T]] = []
+        async for key, msg in self._latest(namespace):
+            if after is not None and key <= after[0]:
+                continue
+            obj = self._decode(msg.data, msg.metadata.sequence.stream)
+            if selector is None or selector.matches(_meta(obj).labels or {}):
+                items.append((key, obj))
+        items.sort(key=lambda kv: kv[0])
+        if limit is not None and len(items) > limit:
+            page = items[:limit]
+            token = _encode_continue(page[-1][0], rv)
+            return Page([o for _, o in page], rv, token, len(items) - limit)
+        return Page([o for _, o in items], rv, None, None)
+
+    async def _latest(self, namespace: str | None) -> AsyncIterator[tuple[str, Any]]:
+        """The latest live message of every key (an ordered consumer, last-per-subject)."""
+        subject = self.prefix + (f"{namespace}.>" if namespace else ">")
+        sub = await self.js.subscribe(
+            subject,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, headers_only=False),
+        )
+        try:
+            async for msg in _until_caught_up(sub):
+                key = msg.subject[len(self.prefix) :]
+                if key.startswith(META_PREFIX) or (msg.headers and msg.headers.get(KV_OP)):
+                    continue
+                yield key, msg
+        finally:
+            await sub.unsubscribe()
+
+    # -- watch --------------------------------------------------------------------------------------
+    def watch(
+        self,
+        namespace: str | None = None,
+        *,
+        resource_version: int | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """Events after ``resource_version``; with None, first the current objects as ADDED (as kubectl
+        expects from a watch without a resourceVersion). See :mod:`nodus_kit.watching`."""
+        from nodus_kit.watching import Watch
+
+        return Watch(self, namespace=namespace, resource_version=resource_version, name=name)
+
+    async def compacted_revision(self) -> int:
+        try:
+            msg = await self.js.get_msg(self.stream, subject=self.prefix + COMPACTED_KEY, direct=True)
+        except NotFoundError:
+            return 0
+        return int(msg.data or b"0")
+
+    async def check_not_expired(self, resource_version: int) -> None:
+        """410 Gone when a watch from ``resource_version`` could miss a change.
+
+        Revisions superseded by a later write of the same key are dropped at once (history 1, like an
+        etcd compaction that keeps the latest revision of every key): a watch still delivers the latest
+        state of every object changed after ``resource_version``, which is all a level-triggered reader
+        needs. What a watcher could really miss is a delete marker removed by :meth:`compact`, so the
+        compacted revision is the horizon: older resourceVersions get 410.
+        """
+        compacted = await self.compacted_revision()
+        if resource_version < compacted:
+            raise Expired(
+                f"resourceVersion {resource_version} is older than the compacted revision {compacted}: "
+                "list again and watch from the list's resourceVersion"
+            )
+
+    async def compact(self, older_than_s: float = 3600.0) -> int:
+        """Remove delete markers older than ``older_than_s`` and record the compacted revision, so a
+        watcher that could have missed one of them gets 410 instead of silently losing a DELETED."""
+        cutoff = time.time() - older_than_s
+        subject = self.prefix + ">"
+        sub = await self.js.subscribe(
+            subject, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+        )
+        purge: list[tuple[str, int]] = []
+        try:
+            async for msg in _until_caught_up(sub):
+                if msg.headers and msg.headers.get(KV_OP) and msg.metadata.timestamp.timestamp() <= cutoff:
+                    purge.append((msg.subject, int(msg.metadata.sequence.stream)))
+        finally:
+            await sub.unsubscribe()
+        if not purge:
+            return 0
+        horizon = max(seq for _, seq in purge)
+        await self.js.publish(
+            self.prefix + COMPACTED_KEY, str(max(horizon, await self.compacted_revision())).encode()
+        )
+        for subj, _ in purge:
+            await self.js.purge_stream(self.stream, subject=subj)
+        return len(purge)
+
+
+async def _until_caught_up(sub: Any) -> AsyncIterator[Any]:
+    """Messages of a fresh ordered consumer until the one that says nothing more is pending.
+
+    The consumer's info alone cannot tell when to stop: by the time it answers, the server may have
+    pushed messages already, which ``num_pending`` no longer counts. Delivered + pending says whether
+    there is anything at all; each message's own ``num_pending`` says when it was the last.
+    """
+    info = await sub.consumer_info()
+    if int(info.num_pending) + int(info.delivered.consumer_seq) == 0:
+        return
+    while True:
+        msg = await sub.next_msg(timeout=10)
+        yield msg
+        if int(msg.metadata.num_pending) == 0:
+            return
+
+
+def _meta(obj: Any) -> Any:
+    return obj.metadata
+
+
+def current_rv(obj: Any) -> str:
+    return str(obj.metadata.resource_version)
+
+
+def _encode_continue(key: str, rv: int) -> str:
+    raw = msgspec.json.encode({"k": key, "rv": rv})
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_continue(token: str) -> tuple[str, int]:
+    from nodus_kit.errors import Invalid
+
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        data: Mapping[str, Any] = msgspec.json.decode(raw)
+        return str(data["k"]), int(data["rv"])
+    except Exception as e:
+        raise Invalid(f"continue token {token!r} is not one this server issued: list again without it") from e

@@ -1,0 +1,15 @@
+"""`python -m nodus_billing` and the `nodus-billing` console script."""
+
+from __future__ import annotations
+
+from nodus_kit.servicing import main as run_service
+
+from nodus_billing.service import BillingService
+
+
+def main() -> None:
+    run_service(BillingService)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""`python -m nodus_agent` and the `nodus-agent` console script."""
+
+from __future__ import annotations
+
+from nodus_kit.servicing import main as run_service
+
+from nodus_agent.service import AgentService
+
+
+def main() -> None:
+    run_service(AgentService)
+
+
+if __name__ == "__main__":
+    main()
