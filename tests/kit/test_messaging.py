@@ -1,0 +1,177 @@
+"""Typed publish/consume and request/reply against a real JetStream: outcomes map to ack/nak/term+DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from nodus_kit import errors, messaging, tracing
+from nodus_kit.messaging import Consumer, Delivery
+from nodus_testing.waiting import eventually
+
+
+class Ping(msgspec.Struct, rename="camel"):
+    job: str
+    attempt_no: int
+
+
+async def test_publish_dedups_on_msg_id(nc: NATS, unique: str) -> None:
+    js = nc.jetstream()
+    subject = f"nodus.events.{unique}"
+    a1 = await messaging.publish(js, subject, Ping("j", 1), msg_id=f"{unique}-1")
+    a2 = await messaging.publish(js, subject, Ping("j", 1), msg_id=f"{unique}-1")
+    assert a2.duplicate and a2.seq == a1.seq
+
+
+async def _consume(
+    nc: NATS, unique: str, handler: messaging.Handler[Ping], *, max_deliver: int = 3
+) -> Consumer[Ping]:
+    return await Consumer(
+        nc.jetstream(),
+        stream="NODUS_EVENTS",
+        durable=f"c-{unique}",
+        subject=f"nodus.events.{unique}.>",
+        typ=Ping,
+        handler=handler,
+        max_deliver=max_deliver,
+    ).start()
+
+
+async def _dead_letters(nc: NATS, stream: str, durable: str) -> list[tuple[bytes, dict[str, str]]]:
+    js = nc.jetstream()
+    sub = await js.subscribe(
+        f"nodus.dead.{stream}.{durable}", ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    )
+    out = []
+    try:
+        while True:
+            msg = await sub.next_msg(timeout=0.3)
+            out.append((msg.data, dict(msg.headers or {})))
+    except Exception:
+        return out
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_consumer_acks_and_carries_request_id(nc: NATS, unique: str) -> None:
+    seen: list[Delivery[Ping]] = []
+
+    async def handler(d: Delivery[Ping]) -> None:
+        seen.append(d)
+
+    c = await _consume(nc, unique, handler)
+    token = tracing.set_request_id("req-123")
+    try:
+        await messaging.publish(nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 2), msg_id=f"{unique}-a")
+    finally:
+        tracing._request_id.reset(token)
+    await eventually(lambda: seen, message="the handler never ran")
+    await c.stop()
+    assert seen[0].data == Ping("j", 2) and seen[0].attempt == 1 and seen[0].request_id == "req-123"
+
+
+async def test_temporary_error_is_retried_then_succeeds(nc: NATS, unique: str) -> None:
+    attempts: list[int] = []
+
+    async def handler(d: Delivery[Ping]) -> None:
+        attempts.append(d.attempt)
+        if d.attempt < 3:
+            raise errors.TemporaryError("not yet", delay=0.05)
+
+    c = await _consume(nc, unique, handler, max_deliver=5)
+    await messaging.publish(nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 1), msg_id=f"{unique}-t")
+    await eventually(lambda: attempts == [1, 2, 3], message=f"attempts {attempts}")
+    await c.stop()
+    assert await _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}") == []
+
+
+async def test_permanent_error_goes_to_dead_letters_once(nc: NATS, unique: str) -> None:
+    calls = 0
+
+    async def handler(d: Delivery[Ping]) -> None:
+        nonlocal calls
+        calls += 1
+        raise errors.PermanentError("job spec is unusable")
+
+    c = await _consume(nc, unique, handler)
+    await messaging.publish(nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 1), msg_id=f"{unique}-p")
+    dead = await eventually(lambda: _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}"), message="no dead letter")
+    await c.stop()
+    assert calls == 1
+    assert dead[0][1][messaging.DEAD_REASON] == "job spec is unusable"
+    assert dead[0][1][messaging.DEAD_SUBJECT] == f"nodus.events.{unique}.x"
+
+
+async def test_crashing_handler_is_dead_lettered_after_max_deliver(nc: NATS, unique: str) -> None:
+    calls = 0
+
+    async def handler(d: Delivery[Ping]) -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("boom")
+
+    c = Consumer(
+        nc.jetstream(), stream="NODUS_EVENTS", durable=f"c-{unique}", subject=f"nodus.events.{unique}.>",
+        typ=Ping, handler=handler, max_deliver=2,
+    )
+    c_started = await c.start()
+    await messaging.publish(nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 1), msg_id=f"{unique}-c")
+    dead = await eventually(
+        lambda: _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}"), deadline_s=15, message="no dead letter"
+    )
+    await c_started.stop()
+    assert calls == 2 and "RuntimeError: boom" in dead[0][1][messaging.DEAD_REASON]
+
+
+async def test_undecodable_message_is_dead_lettered(nc: NATS, unique: str) -> None:
+    async def handler(d: Delivery[Ping]) -> None:
+        raise AssertionError("must not be called")
+
+    c = await _consume(nc, unique, handler)
+    await nc.jetstream().publish(f"nodus.events.{unique}.x", b'{"job": 5}')
+    dead = await eventually(lambda: _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}"), message="no dead letter")
+    await c.stop()
+    assert dead[0][1][messaging.DEAD_REASON].startswith("undecodable")
+
+
+class Quote(msgspec.Struct):
+    usd: str
+
+
+async def test_request_reply_and_errors(nc: NATS, unique: str) -> None:
+    async def handler(p: Ping) -> Quote:
+        if p.job == "missing":
+            raise errors.NotFound("no such job")
+        return Quote(usd="1.50")
+
+    sub = await messaging.serve(nc, f"nodus.rpc.{unique}", Ping, handler)
+    try:
+        assert await messaging.request(nc, f"nodus.rpc.{unique}", Ping("j", 1), Quote) == Quote("1.50")
+        with pytest.raises(errors.NotFound, match="no such job"):
+            await messaging.request(nc, f"nodus.rpc.{unique}", Ping("missing", 1), Quote)
+    finally:
+        await sub.unsubscribe()
+    with pytest.raises(errors.Unavailable, match="is the service running"):
+        await messaging.request(nc, f"nodus.rpc.{unique}", Ping("j", 1), Quote, timeout=1)
+
+
+async def test_request_timeout_maps_to_timeout(nc: NATS, unique: str) -> None:
+    async def slow(p: Ping) -> Quote:
+        await asyncio.sleep(2)  # the behaviour under test: a responder slower than the caller's limit
+        return Quote("0")
+
+    sub = await messaging.serve(nc, f"nodus.rpc.{unique}", Ping, slow)
+    try:
+        with pytest.raises(errors.Timeout):
+            await messaging.request(nc, f"nodus.rpc.{unique}", Ping("j", 1), Quote, timeout=0.2)
+    finally:
+        await sub.unsubscribe()
+
+
+def test_backoff_is_capped_exponential() -> None:
+    assert [messaging.backoff(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
+    assert messaging.backoff(50) == 30.0
