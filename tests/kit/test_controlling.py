@@ -102,7 +102,7 @@ async def test_controller_drops_permanent_errors_until_the_object_changes(nc: NA
         # A list racing the create may announce it twice; what matters is that no backoff retries follow.
         await asyncio.sleep(0.6)  # the behaviour under test: nothing happens in this window
         settled = len(calls)
-        assert settled <= 2 and ctl.queue.failures(("unique", "a")) == 0
+        assert settled <= 2 and ctl.queue.failures((unique, "a")) == 0
         await asyncio.sleep(0.6)
         assert len(calls) == settled  # a retrying controller would have run again by now (0.05 s backoff)
         await jobs.update(msgspec.structs.replace(created, spec=JobSpec(image="fixed")))

@@ -44,7 +44,9 @@ async def _consume(
 async def _dead_letters(nc: NATS, stream: str, durable: str) -> list[tuple[bytes, dict[str, str]]]:
     js = nc.jetstream()
     sub = await js.subscribe(
-        f"nodus.dead.{stream}.{durable}", ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+        f"nodus.dead.{stream}.{durable}",
+        ordered_consumer=True,
+        config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
     )
     out = []
     try:
@@ -66,7 +68,9 @@ async def test_consumer_acks_and_carries_request_id(nc: NATS, unique: str) -> No
     c = await _consume(nc, unique, handler)
     token = tracing.set_request_id("req-123")
     try:
-        await messaging.publish(nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 2), msg_id=f"{unique}-a")
+        await messaging.publish(
+            nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 2), msg_id=f"{unique}-a"
+        )
     finally:
         tracing._request_id.reset(token)
     await eventually(lambda: seen, message="the handler never ran")
@@ -99,7 +103,9 @@ async def test_permanent_error_goes_to_dead_letters_once(nc: NATS, unique: str) 
 
     c = await _consume(nc, unique, handler)
     await messaging.publish(nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 1), msg_id=f"{unique}-p")
-    dead = await eventually(lambda: _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}"), message="no dead letter")
+    dead = await eventually(
+        lambda: _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}"), message="no dead letter"
+    )
     await c.stop()
     assert calls == 1
     assert dead[0][1][messaging.DEAD_REASON] == "job spec is unusable"
@@ -115,8 +121,13 @@ async def test_crashing_handler_is_dead_lettered_after_max_deliver(nc: NATS, uni
         raise RuntimeError("boom")
 
     c = Consumer(
-        nc.jetstream(), stream="NODUS_EVENTS", durable=f"c-{unique}", subject=f"nodus.events.{unique}.>",
-        typ=Ping, handler=handler, max_deliver=2,
+        nc.jetstream(),
+        stream="NODUS_EVENTS",
+        durable=f"c-{unique}",
+        subject=f"nodus.events.{unique}.>",
+        typ=Ping,
+        handler=handler,
+        max_deliver=2,
     )
     c_started = await c.start()
     await messaging.publish(nc.jetstream(), f"nodus.events.{unique}.x", Ping("j", 1), msg_id=f"{unique}-c")
@@ -133,7 +144,9 @@ async def test_undecodable_message_is_dead_lettered(nc: NATS, unique: str) -> No
 
     c = await _consume(nc, unique, handler)
     await nc.jetstream().publish(f"nodus.events.{unique}.x", b'{"job": 5}')
-    dead = await eventually(lambda: _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}"), message="no dead letter")
+    dead = await eventually(
+        lambda: _dead_letters(nc, "NODUS_EVENTS", f"c-{unique}"), message="no dead letter"
+    )
     await c.stop()
     assert dead[0][1][messaging.DEAD_REASON].startswith("undecodable")
 

@@ -48,11 +48,14 @@ async def _http_get(port: int, path: str) -> tuple[int, dict[str, object]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["nodus_gateway", "nodus_sweeps", "nodus_scheduler", "nodus_billing", "nodus_agent"])
+@pytest.mark.parametrize(
+    "module", ["nodus_gateway", "nodus_sweeps", "nodus_scheduler", "nodus_billing", "nodus_agent"]
+)
 async def test_each_service_starts_reports_ready_and_stops_on_sigterm(nats_url: str, module: str) -> None:
     port = free_port()
     env = {**os.environ, "NODUS_NATS_URL": nats_url, "NODUS_HEALTH_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", module], env=env, stderr=subprocess.PIPE)
+    # A real process, as production runs it; Popen returns at once (it does not wait).
+    proc = subprocess.Popen([sys.executable, "-m", module], env=env, stderr=subprocess.PIPE)  # noqa: ASYNC220
     try:
 
         async def ready() -> bool:

@@ -149,7 +149,9 @@ async def test_watch_tells_added_modified_deleted(jobs: ObjectStore[Job], unique
     assert [e.revision for e in events] == sorted(e.revision for e in events)
 
 
-async def test_watch_without_revision_starts_with_current_objects(jobs: ObjectStore[Job], unique: str) -> None:
+async def test_watch_without_revision_starts_with_current_objects(
+    jobs: ObjectStore[Job], unique: str
+) -> None:
     await jobs.create(job(unique, "a"))
     await jobs.create(job(unique, "b"))
     async with jobs.watch(unique) as w:

@@ -8,7 +8,7 @@ it with what is wanted, and makes one step towards it.
 
 Outcomes: return None -> done (backoff forgotten); return a number -> check again after that many
 seconds; raise a retryable error -> requeue with capped backoff; raise a permanent one -> log, drop
-until the object changes.
+until the object changes or the next resync (as Kubernetes' informers re-deliver on resync).
 """
 
 from __future__ import annotations
@@ -61,7 +61,12 @@ class Controller:
         self.failures = 0
 
     async def run(self) -> None:
-        """Run until :meth:`stop` (or cancellation); returns after in-flight reconciles finish."""
+        """Run until :meth:`stop` (or cancellation); returns after in-flight reconciles finish.
+
+        Can run again after it returned (a replica that lost its lease and won it back)."""
+        if self.queue.is_shut_down:
+            self.queue = WorkQueue(base_delay=self.queue.base_delay, max_delay=self.queue.max_delay)
+        self._stopping.clear()
         self._tasks = [asyncio.create_task(self._watch(s), name=f"{self.name}:watch") for s in self.sources]
         self._tasks.append(asyncio.create_task(self._resync(), name=f"{self.name}:resync"))
         workers = [asyncio.create_task(self._work(), name=f"{self.name}:worker") for _ in range(self.workers)]
@@ -112,14 +117,18 @@ class Controller:
                 self.failures += 1
                 if e.retryable:
                     delay = self.queue.add_rate_limited(key)
-                    log.info("reconcile %s: %s; retry in %.2fs", key, e, delay, extra={"controller": self.name})
+                    log.info(
+                        "reconcile %s: %s; retry in %.2fs", key, e, delay, extra={"controller": self.name}
+                    )
                 else:
                     self.queue.forget(key)
                     log.error("reconcile %s failed for good: %s", key, e, extra={"controller": self.name})
             except Exception:
                 self.failures += 1
                 delay = self.queue.add_rate_limited(key)
-                log.exception("reconcile %s crashed; retry in %.2fs", key, delay, extra={"controller": self.name})
+                log.exception(
+                    "reconcile %s crashed; retry in %.2fs", key, delay, extra={"controller": self.name}
+                )
             else:
                 self.reconciles += 1
                 self.queue.forget(key)

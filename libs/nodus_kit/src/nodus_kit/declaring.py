@@ -8,7 +8,7 @@ same table for operators.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -63,7 +63,6 @@ class Stream:
     max_age_s: float = 7 * 24 * 3600
     # Deduplication window for Nats-Msg-Id: a redelivered publish inside it is dropped by the server.
     duplicate_window_s: float = 120.0
-    extra: dict[str, object] = field(default_factory=dict)
 
     def config(self, replicas: int) -> StreamConfig:
         return StreamConfig(
@@ -85,6 +84,7 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket("attempts", "Attempts: one run of one index on one node (owner: scheduler)"),
     Bucket("nodes", "Node records of registered agents (owner: node-agent)"),
     Bucket("accounts", "Billing accounts and balances (owner: billing)"),
+    Bucket("ledger", "Billing ledger: one entry per charge, keyed by what was charged (owner: billing)"),
     Bucket("leases", "Leader-election leases of controller replicas", msg_ttl=True),
 )
 

@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -76,8 +77,11 @@ class Lease:
             await self.js.publish(
                 self.subject,
                 b"",
-                headers={"KV-Operation": "PURGE", "Nats-Rollup": "sub",
-                         "Nats-Expected-Last-Subject-Sequence": str(self.revision)},
+                headers={
+                    "KV-Operation": "PURGE",
+                    "Nats-Rollup": "sub",
+                    "Nats-Expected-Last-Subject-Sequence": str(self.revision),
+                },
             )
         self.revision = None
 
@@ -95,7 +99,7 @@ class Lease:
         self.revision = int(ack.seq)
         return True
 
-    async def _last(self):  # type: ignore[no-untyped-def]
+    async def _last(self) -> Any:
         try:
             return await self.js.get_msg(STREAM, subject=self.subject, direct=True)
         except NotFoundError:
@@ -104,7 +108,7 @@ class Lease:
 
 async def run_as_leader(
     lease: Lease,
-    work: Callable[[], Awaitable[None]],
+    work: Callable[[], Coroutine[Any, Any, None]],
     *,
     stop: asyncio.Event,
     poll_s: float | None = None,
@@ -156,7 +160,7 @@ async def _hold(lease: Lease, task: asyncio.Task[None], stop: asyncio.Event, ren
                 return
 
 
-def _is_marker(msg) -> bool:  # type: ignore[no-untyped-def]
+def _is_marker(msg: Any) -> bool:
     h = msg.headers or {}
     return bool(h.get("KV-Operation") or h.get("Nats-Marker-Reason"))
 

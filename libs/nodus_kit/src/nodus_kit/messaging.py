@@ -22,7 +22,8 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, PubAck
 from nats.js.errors import NotFoundError
@@ -107,7 +108,9 @@ class Consumer(Generic[T]):
             # One more than ours, so the loop (not the server) decides when a message is dead.
             max_deliver=self.max_deliver + 1,
         )
-        self.sub = await self.js.pull_subscribe(self.subject, durable=self.durable, stream=self.stream, config=config)
+        self.sub = await self.js.pull_subscribe(
+            self.subject, durable=self.durable, stream=self.stream, config=config
+        )
         self._task = asyncio.create_task(self._run(), name=f"consume:{self.durable}")
         return self
 
@@ -115,7 +118,7 @@ class Consumer(Generic[T]):
         while not self._stopping.is_set():
             try:
                 msgs = await self.sub.fetch(self.batch, timeout=1.0)
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 continue
             except NotFoundError:
                 await asyncio.sleep(0.5)  # consumer lost with a server restart: the next fetch recreates
@@ -142,8 +145,12 @@ class Consumer(Generic[T]):
                 await self.handler(Delivery(data, msg.subject, headers, attempt))
         except errors.TemporaryError as e:
             await self._retry(msg, attempt, e.delay, str(e))
-        except errors.PermanentError as e:
-            await self._dead(msg, str(e) or type(e).__name__)
+        except errors.NodusError as e:
+            # The kit's errors say themselves whether a retry can help (NotFound, Invalid cannot).
+            if e.retryable:
+                await self._retry(msg, attempt, backoff(attempt), f"{e.reason}: {e}")
+            else:
+                await self._dead(msg, str(e) or type(e).__name__)
         except Exception as e:
             log.exception("handler failed", extra={"consumer": self.durable, "subject": msg.subject})
             await self._retry(msg, attempt, backoff(attempt), f"{type(e).__name__}: {e}")
@@ -160,7 +167,9 @@ class Consumer(Generic[T]):
 
     async def _dead(self, msg: Msg, reason: str) -> None:
         headers = {**(msg.headers or {}), DEAD_REASON: reason[:1000], DEAD_SUBJECT: msg.subject}
-        headers.pop(MSG_ID, None)
+        # Deterministic id: if we die between this publish and the term, the redelivery's dead letter is
+        # dropped by the stream's duplicate window instead of being recorded twice.
+        headers[MSG_ID] = f"dead:{self.stream}:{msg.metadata.sequence.stream}"
         await self.js.publish(f"nodus.dead.{self.stream}.{self.durable}", msg.data, headers=headers)
         await msg.term()
         log.error("dead-lettered: %s", reason, extra={"consumer": self.durable, "subject": msg.subject})
@@ -182,11 +191,15 @@ async def request(nc: NATS, subject: str, message: Any, reply_type: type[R], *, 
         msg = await nc.request(subject, _encoder.encode(message), timeout=timeout, headers=headers)
     except NoRespondersError:
         raise errors.Unavailable(f"nobody serves {subject}: is the service running?") from None
-    except (NatsTimeout, asyncio.TimeoutError):
+    except (TimeoutError, NatsTimeout):
         raise errors.Timeout(f"{subject} did not answer within {timeout}s") from None
     if msg.headers and ERROR_HEADER in msg.headers:
         raise _error(msg.headers[ERROR_HEADER], msg.data.decode(errors="replace"))
     return msgspec.json.decode(msg.data, type=reply_type)
+
+
+# Reasons a caller may retry; any other reason a responder sends back is final for that request.
+_RETRYABLE_REASONS = {"Conflict", "Timeout", "ServiceUnavailable", "TooManyRequests"}
 
 
 def _error(reason: str, message: str) -> errors.NodusError:
@@ -203,6 +216,7 @@ def _error(reason: str, message: str) -> errors.NodusError:
             return cls(message)
     err = errors.NodusError(message)
     err.reason = reason
+    err.retryable = reason in _RETRYABLE_REASONS
     return err
 
 
@@ -220,7 +234,9 @@ async def serve(
     async def on_msg(msg: Msg) -> None:
         token = tracing.set_request_id((msg.headers or {}).get(tracing.REQUEST_ID))
         try:
-            with tracing.tracer.start_as_current_span(f"serve {subject}", context=tracing.extract(msg.headers)):
+            with tracing.tracer.start_as_current_span(
+                f"serve {subject}", context=tracing.extract(msg.headers)
+            ):
                 reply = await handler(decoder.decode(msg.data))
             await msg.respond(_encoder.encode(reply))
         except msgspec.DecodeError as e:

@@ -32,6 +32,10 @@ class WorkQueue(Generic[K]):
         self._shutdown = False
         self.base_delay, self.max_delay = base_delay, max_delay
 
+    @property
+    def is_shut_down(self) -> bool:
+        return self._shutdown
+
     def __len__(self) -> int:
         return len(self._queue)
 
@@ -72,7 +76,7 @@ class WorkQueue(Generic[K]):
     def add_rate_limited(self, key: K) -> float:
         n = self._failures.get(key, 0)
         self._failures[key] = n + 1
-        delay = min(self.max_delay, self.base_delay * (2**n))
+        delay = float(min(self.max_delay, self.base_delay * (2**n)))
         self.add_after(key, delay)
         return delay
 

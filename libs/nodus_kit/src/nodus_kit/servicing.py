@@ -69,7 +69,8 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "service": self.service,
             "logger": record.name,
@@ -89,7 +90,9 @@ def setup_logging(settings: Settings) -> None:
     if settings.log_format == "json":
         handler.setFormatter(JsonFormatter(settings.service))
     else:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {settings.service} %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s {settings.service} %(levelname)s %(name)s: %(message)s")
+        )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level)
@@ -124,11 +127,19 @@ class HealthServer:
                         results[name] = False
             ok = all(results.values()) and path.split("?")[0] in ("/healthz", "/readyz")
             body = json.dumps({"status": "ok" if ok else "fail", "checks": results}).encode()
-            status = "200 OK" if ok else ("404 Not Found" if path.split("?")[0] not in ("/healthz", "/readyz")
-                                          else "503 Service Unavailable")
+            status = (
+                "200 OK"
+                if ok
+                else (
+                    "404 Not Found"
+                    if path.split("?")[0] not in ("/healthz", "/readyz")
+                    else "503 Service Unavailable"
+                )
+            )
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                f"Connection: close\r\n\r\n".encode() + body
+                f"Connection: close\r\n\r\n".encode()
+                + body
             )
             await writer.drain()
         except Exception:
@@ -187,7 +198,7 @@ class Service:
                 await self.nc.drain()
 
 
-def main(cls: type[Service], argv: list[str] | None = None) -> None:
+def main(cls: type[Service]) -> None:
     """Entry point of a service's ``python -m`` and console script."""
     settings = Settings.from_env(cls.name)
     setup_logging(settings)

@@ -30,6 +30,8 @@ from nodus_kit.errors import AlreadyExists, Conflict, Expired, NotFound
 from nodus_kit.selecting import Selector
 
 KV_OP = "KV-Operation"
+# Set by the server on the marker it writes when a message's TTL expires (subject delete markers).
+MARKER_REASON = "Nats-Marker-Reason"
 NODUS_OP = "Nodus-Op"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 CLUSTER = "_"
@@ -99,12 +101,12 @@ class ObjectStore(Generic[T]):
     def _encode(self, obj: T) -> bytes:
         # resourceVersion is the revision of the write itself, so it never goes into the stored value.
         meta = msgspec.structs.replace(_meta(obj), resource_version=None)
-        return self._encoder.encode(msgspec.structs.replace(obj, metadata=meta))  # type: ignore[type-var]
+        return self._encoder.encode(msgspec.structs.replace(obj, metadata=meta))
 
     def _decode(self, data: bytes, revision: int) -> T:
         obj = self._decoder.decode(data)
         meta = msgspec.structs.replace(_meta(obj), resource_version=str(revision))
-        return msgspec.structs.replace(obj, metadata=meta)  # type: ignore[type-var]
+        return msgspec.structs.replace(obj, metadata=meta)
 
     # -- reads --------------------------------------------------------------------------------------
     async def get(self, namespace: str | None, name: str) -> T:
@@ -118,7 +120,7 @@ class ObjectStore(Generic[T]):
             msg = await self.js.get_msg(self.stream, subject=self.prefix + key, direct=True)
         except NotFoundError:
             return None
-        if msg.headers and msg.headers.get(KV_OP) in ("DEL", "PURGE"):
+        if _is_marker(msg):
             return None
         return msg
 
@@ -133,7 +135,7 @@ class ObjectStore(Generic[T]):
             uid=meta.uid or str(uuid.uuid4()),
             creation_timestamp=meta.creation_timestamp or now_rfc3339(),
         )
-        obj = msgspec.structs.replace(obj, metadata=stamped)  # type: ignore[type-var]
+        obj = msgspec.structs.replace(obj, metadata=stamped)
         key = key_of(meta.namespace, meta.name)
         data = self._encode(obj)
         try:
@@ -155,8 +157,8 @@ class ObjectStore(Generic[T]):
             msg = await self.js.get_msg(self.stream, subject=self.prefix + key, direct=True)
         except NotFoundError:
             return 0
-        if msg.headers and msg.headers.get(KV_OP) in ("DEL", "PURGE"):
-            return int(msg.seq)
+        if _is_marker(msg):
+            return int(msg.seq or 0)
         return None
 
     async def update(self, obj: T) -> T:
@@ -196,8 +198,10 @@ class ObjectStore(Generic[T]):
                 )
             meta = _meta(current)
             final = msgspec.structs.replace(
-                current,  # type: ignore[type-var]
-                metadata=msgspec.structs.replace(meta, deletion_timestamp=meta.deletion_timestamp or now_rfc3339()),
+                current,
+                metadata=msgspec.structs.replace(
+                    meta, deletion_timestamp=meta.deletion_timestamp or now_rfc3339()
+                ),
             )
             try:
                 seq = await self._publish(
@@ -223,7 +227,7 @@ class ObjectStore(Generic[T]):
 
     def _with_rv(self, obj: T, seq: int) -> T:
         meta = msgspec.structs.replace(_meta(obj), resource_version=str(seq))
-        return msgspec.structs.replace(obj, metadata=meta)  # type: ignore[type-var]
+        return msgspec.structs.replace(obj, metadata=meta)
 
     # -- list ---------------------------------------------------------------------------------------
     async def last_revision(self) -> int:
@@ -268,7 +272,7 @@ class ObjectStore(Generic[T]):
         try:
             async for msg in _until_caught_up(sub):
                 key = msg.subject[len(self.prefix) :]
-                if key.startswith(META_PREFIX) or (msg.headers and msg.headers.get(KV_OP)):
+                if key.startswith(META_PREFIX) or _is_marker(msg):
                     continue
                 yield key, msg
         finally:
@@ -317,12 +321,14 @@ class ObjectStore(Generic[T]):
         cutoff = time.time() - older_than_s
         subject = self.prefix + ">"
         sub = await self.js.subscribe(
-            subject, ordered_consumer=True, config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+            subject,
+            ordered_consumer=True,
+            config=ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT),
         )
         purge: list[tuple[str, int]] = []
         try:
             async for msg in _until_caught_up(sub):
-                if msg.headers and msg.headers.get(KV_OP) and msg.metadata.timestamp.timestamp() <= cutoff:
+                if _is_marker(msg) and msg.metadata.timestamp.timestamp() <= cutoff:
                     purge.append((msg.subject, int(msg.metadata.sequence.stream)))
         finally:
             await sub.unsubscribe()
@@ -352,6 +358,12 @@ async def _until_caught_up(sub: Any) -> AsyncIterator[Any]:
         yield msg
         if int(msg.metadata.num_pending) == 0:
             return
+
+
+def _is_marker(msg: Any) -> bool:
+    """A delete or purge marker, or the server's marker for an expired TTL: no live object."""
+    h = msg.headers or {}
+    return bool(h.get(KV_OP) in ("DEL", "PURGE") or h.get(MARKER_REASON))
 
 
 def _meta(obj: Any) -> Any:

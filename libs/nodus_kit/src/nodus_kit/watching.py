@@ -14,10 +14,11 @@ import logging
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
-from nats.errors import ConnectionClosedError, TimeoutError as NatsTimeout
+from nats.errors import ConnectionClosedError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from nodus_kit.storing import KV_OP, META_PREFIX, NODUS_OP, Event, key_of
+from nodus_kit.storing import KV_OP, MARKER_REASON, META_PREFIX, NODUS_OP, Event, key_of
 
 if TYPE_CHECKING:
     from nodus_kit.storing import ObjectStore
@@ -78,7 +79,9 @@ class Watch(Generic[T]):
             self.subject,
             ordered_consumer=True,
             idle_heartbeat=HEARTBEAT_S,
-            config=ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last + 1),
+            config=ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last + 1
+            ),
         )
 
     async def next(self, timeout: float | None = None) -> Event[T]:
@@ -93,9 +96,9 @@ class Watch(Generic[T]):
                 wait = min(wait, max(0.0, end - loop.time()))
             try:
                 msg = await self._sub.next_msg(timeout=wait)
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 if end is not None and loop.time() >= end:
-                    raise asyncio.TimeoutError from None
+                    raise TimeoutError from None
                 await self._resubscribe_if_lost()
                 continue
             except ConnectionClosedError:
@@ -110,6 +113,8 @@ class Watch(Generic[T]):
         try:
             await self._sub.consumer_info()
         except Exception:
+            # Compaction while we were away could have removed a delete marker we never saw: 410.
+            await self.store.check_not_expired(self.last)
             log.info("watch consumer lost; resuming", extra={"subject": self.subject, "from": self.last + 1})
             with contextlib.suppress(Exception):
                 await self._subscribe()
@@ -123,7 +128,7 @@ class Watch(Generic[T]):
         if key.startswith(META_PREFIX):
             return None
         headers = msg.headers or {}
-        if headers.get(KV_OP):
+        if headers.get(KV_OP) or headers.get(MARKER_REASON):
             if not msg.data:
                 return None  # a bare marker (purge, TTL expiry): nothing to tell about
             kind = "DELETED"

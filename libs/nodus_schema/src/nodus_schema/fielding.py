@@ -72,7 +72,9 @@ class ErrorList:
 
     def not_supported(self, path: Path | str, value: object, allowed: list[str] | tuple[str, ...]) -> None:
         supported = ", ".join(f'"{a}"' for a in allowed)
-        self.add(path, CauseType.NOT_SUPPORTED, f"Unsupported value: {value!r}: supported values: {supported}")
+        self.add(
+            path, CauseType.NOT_SUPPORTED, f"Unsupported value: {value!r}: supported values: {supported}"
+        )
 
     def forbidden(self, path: Path | str, message: str) -> None:
         self.add(path, CauseType.FORBIDDEN, f"Forbidden: {message}")

@@ -11,13 +11,18 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from nodus_testing.processes import free_port, stop, venv_bin, wait_for_log
+from nodus_testing.processes import free_port, spawn_server, stop, venv_bin, wait_for_log
 
 READY = "Server is ready"
 
 
 class NatsServer:
-    def __init__(self, store_dir: Path | None = None, port: int | None = None) -> None:
+    def __init__(
+        self, store_dir: Path | None = None, port: int | None = None, tie_to_parent: bool = False
+    ) -> None:
+        # Fixtures tie the server to the test process (it dies with pytest even on SIGKILL); the local
+        # stack does not, because its servers must outlive `make up`.
+        self.tie_to_parent = tie_to_parent
         self._tmp = None if store_dir else tempfile.TemporaryDirectory(prefix="nodus-nats-")
         self.store_dir = store_dir or Path(self._tmp.name)  # type: ignore[union-attr]
         self.port = port or free_port()
@@ -34,13 +39,10 @@ class NatsServer:
         conf = self.store_dir / "nats.conf"
         # sync_interval: always — Jepsen (2025) showed the default fsync cadence can lose acked writes.
         conf.write_text(
-            "jetstream {\n"
-            f'  store_dir: "{self.store_dir / "js"}"\n'
-            "  sync_interval: always\n"
-            "}\n"
+            f'jetstream {{\n  store_dir: "{self.store_dir / "js"}"\n  sync_interval: always\n}}\n'
         )
         cmd = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-c", str(conf), "-l", str(self.log)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = spawn_server(cmd, self.store_dir / "nats.stdout", tie_to_parent=self.tie_to_parent)
         self._wait_ready(offset, deadline_s)
         return self
 

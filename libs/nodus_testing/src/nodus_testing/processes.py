@@ -113,11 +113,8 @@ def free_ports_with_offset(count: int, offset: int = 10000, attempts: int = 500)
 
 
 def die_with_parent() -> None:
-    """``preexec_fn`` for Popen: the child gets SIGKILL if the test process dies without cleaning up.
-
-    The servers run in their own process group (so a Ctrl-C in the terminal reaches pytest, which
-    stops them in order); this covers the case where pytest itself is killed with SIGKILL.
-    """
+    """``preexec_fn`` for Popen: the child gets SIGKILL when its parent dies, e.g. pytest killed by -9,
+    which would otherwise leave servers in their own session running with nobody to stop them."""
     import ctypes
     import sys
 
@@ -129,17 +126,23 @@ def die_with_parent() -> None:
 
 
 def spawn_server(
-    cmd: list[str], log: Path, cwd: Path | None = None, env: dict[str, str] | None = None
+    cmd: list[str],
+    log: Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    tie_to_parent: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start a test server in its own process group, output appended to ``log``.
+    """Start a server in its own process group (session), output appended to ``log``.
 
-    Its own group lets ``stop`` signal the server and anything it forked in one go. When started from
-    the main thread the child also dies with the test process (``die_with_parent``); from another thread
-    that would be wrong, because the kernel ties the signal to the thread that forked, not the process.
+    Its own group lets ``stop`` signal the server and anything it forked in one go, and keeps a
+    terminal's Ctrl-C for pytest, which then stops the servers in order. ``tie_to_parent`` (for test
+    fixtures) also has the kernel SIGKILL it when this process dies uncleanly; the local stack leaves it
+    off, because its servers must outlive the command that started them. It only applies from the main
+    thread: the kernel ties the signal to the thread that forked, not to the process.
     """
     import threading
 
-    main = threading.current_thread() is threading.main_thread()
+    tie = tie_to_parent and threading.current_thread() is threading.main_thread()
     with log.open("ab") as out:
         return subprocess.Popen(
             cmd,
@@ -149,5 +152,5 @@ def spawn_server(
             cwd=cwd,
             env=env,
             start_new_session=True,
-            preexec_fn=die_with_parent if main else None,
+            preexec_fn=die_with_parent if tie else None,
         )

@@ -1,0 +1,380 @@
+"""Decoding that reports every problem at once, each with its wire path.
+
+``msgspec.json.decode(..., type=T)`` stops at the first bad value. An API should instead answer with every
+type error in one 422 (``spec.template.spec.inputs[2].name: Invalid value: 7: must be a string, not an
+integer``) and tell the caller about fields it ignored (``spec.template.spec.comand``, did you mean
+``command``?), as ``kubectl --validate=strict`` does. So :func:`decode` first parses JSON without a type,
+walks the result against ``msgspec.inspect.type_info(T)`` collecting every problem, and only when there is
+none decodes it typed with ``strict=True``.
+
+Unknown fields are not errors here (msgspec ignores them, like Kubernetes' default ``fieldValidation=Warn``);
+:meth:`Decoded.unknown_errors` turns them into field errors for a strict caller.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import difflib
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import msgspec
+from msgspec import inspect as mi
+
+from nodus_schema.fielding import CauseType, FieldError, Path
+
+__all__ = ["Decoded", "decode", "encode", "suggest", "to_builtins"]
+
+T = TypeVar("T")
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def encode(obj: Any) -> bytes:
+    """Encode a wire object (or any msgspec-encodable value) as JSON bytes."""
+    return _ENCODER.encode(obj)
+
+
+def to_builtins(obj: Any) -> Any:
+    """A wire object as plain dicts, lists and scalars, with wire (camelCase) names and defaults left out."""
+    return msgspec.to_builtins(obj)
+
+
+def suggest(name: str, candidates: list[str] | tuple[str, ...]) -> str | None:
+    """The known field ``name`` was most likely meant to be, or None (``comand`` → ``command``).
+
+    A case-insensitive match wins (``maxCostUsd`` → ``maxCostUSD``); otherwise difflib's closest match.
+    """
+    lowered = {c.lower(): c for c in candidates}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+@dataclass(slots=True)
+class Decoded(Generic[T]):
+    """The outcome of :func:`decode`.
+
+    ``value`` is the decoded object, or None when there were errors. ``errors`` holds every type problem
+    (``CauseType.TYPE_INVALID``, ``REQUIRED`` for a missing required field, ``NOT_SUPPORTED`` for a value
+    outside a Literal); malformed JSON is a single error at path ``""``. ``unknown`` lists the paths of
+    fields the type does not know; ``suggestions`` maps such a path to the field probably meant.
+    """
+
+    value: T | None
+    errors: list[FieldError] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    suggestions: dict[str, str] = field(default_factory=dict)
+    raw: Any = None
+    """The parsed JSON (builtins) the value was converted from; None for malformed JSON."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def suggestion(self, path: str) -> str | None:
+        """The field probably meant by the unknown field at ``path``, or None."""
+        return self.suggestions.get(path)
+
+    def unknown_errors(self) -> list[FieldError]:
+        """The unknown fields as field errors (``CauseType.UNKNOWN``), each with its "did you mean"."""
+        out: list[FieldError] = []
+        for path in self.unknown:
+            name = _last_segment(path)
+            hint = self.suggestions.get(path)
+            message = f'unknown field "{name}"' + (f'; did you mean "{hint}"?' if hint else "")
+            out.append(FieldError(path, CauseType.UNKNOWN, message))
+        return out
+
+
+def _last_segment(path: str) -> str:
+    return path.rsplit(".", 1)[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Describing values and types in messages
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _json_kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, Mapping):
+        return "an object"
+    if isinstance(v, list | tuple):
+        return "an array"
+    return "a number"  # the only other JSON value: a number with a fraction or an exponent
+
+
+def _show(v: Any) -> str:
+    """A short JSON rendering of a bad value for a message."""
+    try:
+        text = msgspec.json.encode(v).decode()
+    except (TypeError, msgspec.EncodeError):
+        text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _describe(t: mi.Type) -> str:
+    if isinstance(t, mi.StrType):
+        return "a string"
+    if isinstance(t, mi.IntType):
+        return "an integer"
+    if isinstance(t, mi.BoolType):
+        return "a boolean"
+    if isinstance(t, mi.NoneType):
+        return "null"
+    if isinstance(t, mi.StructType | mi.DictType | mi.TypedDictType | mi.DataclassType):
+        return "an object"
+    if isinstance(t, mi.ListType | mi.SetType | mi.FrozenSetType | mi.VarTupleType | mi.TupleType):
+        return "an array"
+    if isinstance(t, mi.LiteralType):
+        return "one of " + ", ".join(_show(v) for v in t.values)
+    if isinstance(t, mi.UnionType):
+        parts = [_describe(m) for m in t.types if not isinstance(m, mi.NoneType)]
+        return " or ".join(dict.fromkeys(parts))
+    return "a valid value"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The walk
+# ---------------------------------------------------------------------------------------------------------
+
+
+_TYPE_INFO: dict[Any, mi.Type] = {}
+
+
+def _type_info(typ: Any) -> mi.Type:
+    # type_info walks the whole class tree; the wire types are few, so keep each answer.
+    info = _TYPE_INFO.get(typ)
+    if info is None:
+        info = _TYPE_INFO[typ] = mi.type_info(typ)
+    return info
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+        self.unknown: list[str] = []
+        self.suggestions: dict[str, str] = {}
+
+    def type_error(self, path: Path, v: Any, t: mi.Type) -> None:
+        self.errors.append(
+            FieldError(
+                str(path),
+                CauseType.TYPE_INVALID,
+                f"Invalid value: {_show(v)}: must be {_describe(t)}, not {_json_kind(v)}",
+            )
+        )
+
+    def walk(self, v: Any, t: mi.Type, path: Path) -> None:
+        if isinstance(t, mi.AnyType | mi.RawType):
+            return
+        if isinstance(t, mi.UnionType):
+            self.walk_union(v, t, path)
+        elif isinstance(t, mi.NoneType):
+            if v is not None:
+                self.type_error(path, v, t)
+        elif isinstance(t, mi.StrType):
+            if not isinstance(v, str):
+                self.type_error(path, v, t)
+        elif isinstance(t, mi.BoolType):
+            if not isinstance(v, bool):
+                self.type_error(path, v, t)
+        elif isinstance(t, mi.IntType):
+            if not isinstance(v, int) or isinstance(v, bool):
+                self.type_error(path, v, t)
+            elif not -(2**63) <= v < 2**64:
+                self.errors.append(
+                    FieldError(str(path), CauseType.INVALID, f"Invalid value: {v}: integer out of range")
+                )
+        elif isinstance(t, mi.LiteralType):
+            if v not in t.values or type(v) not in {type(x) for x in t.values}:
+                supported = ", ".join(_show(x) for x in t.values)
+                self.errors.append(
+                    FieldError(
+                        str(path),
+                        CauseType.NOT_SUPPORTED,
+                        f"Unsupported value: {_show(v)}: supported values: {supported}",
+                    )
+                )
+        elif isinstance(t, mi.StructType):
+            self.walk_struct(v, t, path)
+        elif isinstance(t, mi.DictType):
+            self.walk_dict(v, t, path)
+        elif isinstance(t, mi.ListType | mi.SetType | mi.FrozenSetType | mi.VarTupleType):
+            if not isinstance(v, list | tuple):
+                self.type_error(path, v, t)
+                return
+            for i, item in enumerate(v):
+                self.walk(item, t.item_type, path.index(i))
+        elif isinstance(t, mi.TupleType):
+            if not isinstance(v, list | tuple) or len(v) != len(t.item_types):
+                self.type_error(path, v, t)
+                return
+            for i, (item, it) in enumerate(zip(v, t.item_types, strict=True)):
+                self.walk(item, it, path.index(i))
+        else:
+            # A type the wire structs do not use (datetime, Decimal, ...): check it with msgspec itself.
+            try:
+                msgspec.convert(v, _python_type(t), strict=True)
+            except (msgspec.ValidationError, TypeError) as e:
+                self.errors.append(FieldError(str(path), CauseType.TYPE_INVALID, f"Invalid value: {e}"))
+
+    def walk_union(self, v: Any, t: mi.UnionType, path: Path) -> None:
+        # msgspec allows at most one member per JSON kind, so the JSON kind picks the member to check.
+        for member in t.types:
+            if _accepts_kind(member, v):
+                self.walk(v, member, path)
+                return
+        self.type_error(path, v, t)
+
+    def walk_struct(self, v: Any, t: mi.StructType, path: Path) -> None:
+        if not isinstance(v, Mapping):
+            self.type_error(path, v, t)
+            return
+        fields = {f.encode_name: f for f in t.fields}
+        for key, item in v.items():
+            if not isinstance(key, str):
+                self.type_error(path, key, mi.StrType())
+                continue
+            f = fields.get(key)
+            if f is None:
+                if t.tag_field is not None and key == t.tag_field:
+                    if item != t.tag:
+                        self.errors.append(
+                            FieldError(
+                                str(path.child(key)),
+                                CauseType.NOT_SUPPORTED,
+                                f"Unsupported value: {_show(item)}: supported values: {_show(t.tag)}",
+                            )
+                        )
+                    continue
+                child = str(path.child(key))
+                self.unknown.append(child)
+                hint = suggest(key, list(fields))
+                if hint is not None:
+                    self.suggestions[child] = hint
+                continue
+            self.walk(item, f.type, path.child(key))
+        for f in t.fields:
+            if f.required and f.encode_name not in v:
+                self.errors.append(
+                    FieldError(str(path.child(f.encode_name)), CauseType.REQUIRED, "Required value")
+                )
+
+    def walk_dict(self, v: Any, t: mi.DictType, path: Path) -> None:
+        if not isinstance(v, Mapping):
+            self.type_error(path, v, t)
+            return
+        for key, item in v.items():
+            if not isinstance(key, str):
+                # JSON object keys are always strings; a Mapping handed in directly may not be.
+                self.errors.append(
+                    FieldError(
+                        str(path.key(str(key))),
+                        CauseType.TYPE_INVALID,
+                        f"Invalid value: {key!r}: keys must be strings",
+                    )
+                )
+                continue
+            self.walk(key, t.key_type, path.key(key))
+            self.walk(item, t.value_type, path.key(key))
+
+
+def _accepts_kind(t: mi.Type, v: Any) -> bool:
+    """Whether union member ``t`` is the one msgspec would pick for the JSON kind of ``v``."""
+    if v is None:
+        return isinstance(t, mi.NoneType)
+    if isinstance(v, bool):
+        return isinstance(t, mi.BoolType) or (isinstance(t, mi.LiteralType) and v in t.values)
+    if isinstance(v, int):
+        return isinstance(t, mi.IntType) or (
+            isinstance(t, mi.LiteralType) and any(isinstance(x, int) for x in t.values)
+        )
+    if isinstance(v, str):
+        return isinstance(t, mi.StrType) or (
+            isinstance(t, mi.LiteralType) and any(isinstance(x, str) for x in t.values)
+        )
+    if isinstance(v, Mapping):
+        return isinstance(t, mi.StructType | mi.DictType | mi.TypedDictType | mi.DataclassType)
+    if isinstance(v, list | tuple):
+        return isinstance(t, mi.ListType | mi.SetType | mi.FrozenSetType | mi.VarTupleType | mi.TupleType)
+    return False
+
+
+def _python_type(t: mi.Type) -> Any:
+    """The Python type behind an inspect type, for the rare fallback conversion."""
+    cls = getattr(t, "cls", None)
+    if cls is not None:
+        return cls
+    return _SCALARS.get(type(t), Any)
+
+
+_SCALARS: dict[type[mi.Type], Any] = {
+    mi.DecimalType: decimal.Decimal,
+    mi.DateTimeType: datetime.datetime,
+    mi.DateType: datetime.date,
+    mi.TimeType: datetime.time,
+    mi.TimeDeltaType: datetime.timedelta,
+    mi.UUIDType: uuid.UUID,
+    mi.BytesType: bytes,
+}
+
+
+_MSGSPEC_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+
+
+def _msgspec_error(e: msgspec.ValidationError) -> FieldError:
+    """A ValidationError from convert as a FieldError, with ``$.spec.inputs[2]`` turned into a field path."""
+    text = str(e)
+    m = _MSGSPEC_PATH.search(text)
+    path = ""
+    if m is not None:
+        path = m["path"].removeprefix(".")
+        text = text[: m.start()]
+    return FieldError(path, CauseType.TYPE_INVALID, f"Invalid value: {text}")
+
+
+def decode(raw: bytes | str | Mapping[str, Any], typ: type[T]) -> Decoded[T]:
+    """Decode JSON (bytes or str) or already-parsed builtins into ``typ``, reporting every problem.
+
+    See :class:`Decoded`. Never raises for bad input.
+    """
+    data: Any
+    source: bytes | str | bytearray | memoryview
+    if isinstance(raw, bytes | bytearray | memoryview | str):
+        source = raw
+        try:
+            data = msgspec.json.decode(raw)
+        except msgspec.DecodeError as e:
+            return Decoded(None, [FieldError("", CauseType.TYPE_INVALID, f"malformed JSON: {e}")])
+    else:
+        data = raw
+        try:
+            # Through JSON rather than msgspec.convert, so that msgspec.Raw fields (WatchEvent[Raw]) work.
+            source = _ENCODER.encode(raw)
+        except (TypeError, msgspec.EncodeError) as e:
+            return Decoded(None, [FieldError("", CauseType.TYPE_INVALID, f"not JSON data: {e}")])
+    walker = _Walker()
+    walker.walk(data, _type_info(typ), Path())
+    result: Decoded[T] = Decoded(None, walker.errors, walker.unknown, walker.suggestions, data)
+    if result.errors:
+        return result
+    try:
+        result.value = msgspec.json.decode(source, type=typ, strict=True)
+    except msgspec.ValidationError as e:
+        # The walk checks what the wire types use; anything it let through is caught here.
+        result.errors.append(_msgspec_error(e))
+    return result

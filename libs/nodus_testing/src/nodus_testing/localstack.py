@@ -1,0 +1,244 @@
+"""The local stack: nats-server, SeaweedFS and every Nodus service as its own process, as production runs.
+
+``python -m nodus_testing.localstack up|down|status|run`` (the Makefile's ``make up``, ``make down`` and
+``make run``). State lives in ``.nodus/``: the servers' data, one log per process, ``stack.json`` (pids
+and ports, so ``down`` works from another shell), ``local.env`` (URLs and an admin token) and
+``kubeconfig``. End-to-end tests start the same :class:`Stack` in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodus_testing.natsserver import NatsServer
+from nodus_testing.processes import free_port
+from nodus_testing.seaweed import SeaweedS3
+
+SERVICES = (
+    ("gateway", "nodus_gateway"),
+    ("sweeps", "nodus_sweeps"),
+    ("scheduler", "nodus_scheduler"),
+    ("billing", "nodus_billing"),
+)
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    health_port: int
+    pid: int | None = None
+
+
+@dataclass
+class Stack:
+    root: Path
+    agents: list[dict[str, str]] = field(default_factory=list)
+    procs: list[Proc] = field(default_factory=list)
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "stack.json"
+
+    def start(self, *, deadline_s: float = 60.0) -> dict[str, str]:
+        """Start everything in the background (own sessions: they outlive this process) and wait until
+        every service answers /readyz. Returns the variables written to local.env."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "logs").mkdir(exist_ok=True)
+        nats = NatsServer(store_dir=self._dir("nats"))
+        nats.start()
+        s3 = SeaweedS3(data_dir=self._dir("s3"))
+        s3.start()
+        token = secrets.token_urlsafe(24)
+        gateway_port = free_port()
+        base = {
+            **os.environ,
+            "NODUS_NATS_URL": nats.url,
+            "NODUS_S3_ENDPOINT": s3.endpoint_url,
+            "NODUS_S3_ACCESS_KEY": s3.access_key,
+            "NODUS_S3_SECRET_KEY": s3.secret_key,
+            "NODUS_ADMIN_TOKEN": token,
+            "NODUS_GATEWAY_PORT": str(gateway_port),
+            "PYTHONUNBUFFERED": "1",
+        }
+        for short, module in SERVICES:
+            self.procs.append(Proc(short, [sys.executable, "-m", module], dict(base), free_port()))
+        for i, agent in enumerate(self.agents):
+            env = {**base, **agent}
+            self.procs.append(Proc(f"agent-{i}", [sys.executable, "-m", "nodus_agent"], env, free_port()))
+        for p in self.procs:
+            self._spawn(p)
+        self._save(nats, s3)
+        self._wait_ready(deadline_s)
+        values = {
+            "NODUS_URL": f"http://127.0.0.1:{gateway_port}",
+            "NODUS_TOKEN": token,
+            "NODUS_NATS_URL": nats.url,
+            "NODUS_S3_ENDPOINT": s3.endpoint_url,
+        }
+        (self.root / "local.env").write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        (self.root / "kubeconfig").write_text(kubeconfig(values["NODUS_URL"], token))
+        return values
+
+    def _dir(self, name: str) -> Path:
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def _spawn(self, p: Proc) -> None:
+        log = (self.root / "logs" / f"{p.name}.log").open("ab")
+        env = {**p.env, "NODUS_HEALTH_PORT": str(p.health_port), "NODUS_REPLICA": p.name}
+        proc = subprocess.Popen(p.argv, env=env, stdout=log, stderr=log, start_new_session=True)
+        p.pid = proc.pid
+
+    def _save(self, nats: NatsServer, s3: SeaweedS3) -> None:
+        assert nats.proc and s3.proc
+        state = {
+            "nats": {"pid": nats.proc.pid, "url": nats.url},
+            "s3": {"pid": s3.proc.pid, "url": s3.endpoint_url},
+            "procs": [{"name": p.name, "pid": p.pid, "health": p.health_port} for p in self.procs],
+        }
+        self.state_file.write_text(json.dumps(state, indent=2))
+
+    def _wait_ready(self, deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        waiting = {p.name: p for p in self.procs}
+        while waiting and time.monotonic() < end:
+            for name, p in list(waiting.items()):
+                if _ready(p.health_port):
+                    del waiting[name]
+                elif p.pid is not None and not _alive(p.pid):
+                    raise RuntimeError(f"{name} exited at start; see {self.root / 'logs' / (name + '.log')}")
+            time.sleep(0.1)
+        if waiting:
+            raise TimeoutError(
+                f"not ready within {deadline_s}s: {', '.join(waiting)} (logs in {self.root}/logs)"
+            )
+
+    def stop(self, grace_s: float = 10.0) -> list[str]:
+        """Stop what stack.json lists: services first (graceful SIGTERM), then the servers."""
+        if not self.state_file.exists():
+            return []
+        state = json.loads(self.state_file.read_text())
+        stopped = []
+        for group in ([p["pid"] for p in state["procs"]], [state["s3"]["pid"], state["nats"]["pid"]]):
+            for pid in group:
+                _signal(pid, signal.SIGTERM)
+            end = time.monotonic() + grace_s
+            while any(_alive(pid) for pid in group) and time.monotonic() < end:
+                time.sleep(0.05)
+            for pid in group:
+                if _alive(pid):
+                    _signal(pid, signal.SIGKILL)
+                stopped.append(str(pid))
+        self.state_file.unlink()
+        return stopped
+
+    def status(self) -> list[tuple[str, str, str]]:
+        if not self.state_file.exists():
+            return []
+        state = json.loads(self.state_file.read_text())
+        rows = [("nats", str(state["nats"]["pid"]), "up" if _alive(state["nats"]["pid"]) else "DOWN")]
+        rows.append(("s3", str(state["s3"]["pid"]), "up" if _alive(state["s3"]["pid"]) else "DOWN"))
+        for p in state["procs"]:
+            rows.append((p["name"], str(p["pid"]), "ready" if _ready(p["health"]) else "NOT READY"))
+        return rows
+
+
+def kubeconfig(url: str, token: str) -> str:
+    return (
+        "apiVersion: v1\nkind: Config\ncurrent-context: nodus-local\n"
+        f"clusters:\n- name: nodus-local\n  cluster:\n    server: {url}\n"
+        f"users:\n- name: admin\n  user:\n    token: {token}\n"
+        "contexts:\n- name: nodus-local\n  context:\n    cluster: nodus-local\n    user: admin\n"
+        "    namespace: default\n"
+    )
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by us) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def default_agents() -> list[dict[str, str]]:
+    """The local capacity of ``make run``: agents come with the walking skeleton (issue #3)."""
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="localstack", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status", "run"])
+    parser.add_argument("--root", default=".nodus", type=Path)
+    args = parser.parse_args(argv)
+    stack = Stack(args.root.resolve(), agents=default_agents())
+    if args.command == "down":
+        stopped = stack.stop()
+        print(f"stopped {len(stopped)} processes" if stopped else "no local stack is running")
+        return 0
+    if args.command == "status":
+        rows = stack.status()
+        print("\n".join(f"{n:<12} {pid:>8}  {s}" for n, pid, s in rows) or "no local stack is running")
+        return 0
+    if stack.state_file.exists():
+        print(f"a local stack is already running ({stack.state_file}); `make down` first", file=sys.stderr)
+        return 1
+    values = stack.start()
+    print(f"local stack up: logs in {stack.root}/logs, settings in {stack.root}/local.env")
+    for k, v in values.items():
+        print(f"  {k}={v if k != 'NODUS_TOKEN' else v[:4] + '…'}")
+    if args.command == "up":
+        return 0
+    try:
+        return run_example(stack, values)
+    finally:
+        stack.stop()
+
+
+def run_example(stack: Stack, values: dict[str, str]) -> int:
+    print(
+        "\nNot built yet: the walking skeleton (issue #3). The services above start, connect to NATS, "
+        "declare every stream and bucket and answer /readyz, but none of them does work yet, so no "
+        "Sweep can run. Stopping the stack."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
