@@ -531,7 +531,8 @@ class Job(Wire):
     status: JobStatus = msgspec.field(default_factory=JobStatus)
 
 
-class JobList(Wire):
+class JobList(Wire, omit_defaults=False):
+    # Not omit_defaults: an empty list still says "items": [], as Kubernetes does.
     """A list of Jobs."""
 
     api_version: str = msgspec.field(default_factory=lambda: API_VERSION)

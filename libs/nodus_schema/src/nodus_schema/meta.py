@@ -245,7 +245,8 @@ class Table(Wire):
 # ---------------------------------------------------------------------------------------------------------
 
 
-class ObjectList(Wire, Generic[T]):
+class ObjectList(Wire, Generic[T], omit_defaults=False):
+    # Not omit_defaults: an empty list still says "items": [], as Kubernetes does.
     """A Kubernetes list of any kind (``{"apiVersion", "kind": "SweepList", "metadata", "items"}``).
 
     apiVersion and kind are required so that they are always on the wire; the concrete lists

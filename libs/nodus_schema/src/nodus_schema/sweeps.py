@@ -141,7 +141,8 @@ class Sweep(Wire):
     status: SweepStatus = msgspec.field(default_factory=SweepStatus)
 
 
-class SweepList(Wire):
+class SweepList(Wire, omit_defaults=False):
+    # Not omit_defaults: an empty list still says "items": [], as Kubernetes does.
     """A list of Sweeps, as GET .../sweeps returns."""
 
     api_version: str = msgspec.field(default_factory=lambda: API_VERSION)

@@ -1,0 +1,62 @@
+"""Attempt: one run of one index of a Job on one node (owner: the scheduler; reports come from the agent).
+
+Infrastructure loss starts a new Attempt (counts against ``recovery.maxAttempts``); a customer failure
+(non-zero exit, OOM) counts against ``backoffLimit``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from nodus_schema.meta import ObjectMeta
+from nodus_schema.wire import API_VERSION, Wire
+
+ATTEMPT_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Lost", "Stopped")
+ATTEMPT_TERMINAL = ("Succeeded", "Failed", "Lost", "Stopped")
+
+
+class AttemptSpec(Wire):
+    job: str
+    index: int
+    attempt: int
+    """1-based count of attempts of this index."""
+    node: str
+    offering: str
+    region_class: str
+    rate_micros_per_hour: int
+    pricebook_version: str
+    gpu_variant: str | None = None
+
+
+class AttemptStatus(Wire):
+    phase: str = "Pending"
+    reason: str | None = None
+    message: str | None = None
+    start_time: str | None = None
+    finish_time: str | None = None
+    exit_code: int | None = None
+    wall_millis: int | None = None
+    units_per_second: str | None = None
+
+
+class Attempt(Wire):
+    api_version: str = msgspec.field(default_factory=lambda: API_VERSION)
+    kind: str = msgspec.field(default_factory=lambda: "Attempt")
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: AttemptSpec = msgspec.field(
+        default_factory=lambda: AttemptSpec(
+            job="",
+            index=0,
+            attempt=1,
+            node="",
+            offering="",
+            region_class="",
+            rate_micros_per_hour=0,
+            pricebook_version="",
+        )
+    )
+    status: AttemptStatus = msgspec.field(default_factory=AttemptStatus)
+
+
+def attempt_name(job: str, index: int, attempt: int) -> str:
+    return f"{job}-{index}-a{attempt}"

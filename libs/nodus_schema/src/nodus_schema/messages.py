@@ -1,0 +1,72 @@
+"""Messages on the bus between services (not API objects). One struct per message (Temporal's rule),
+so fields can be added without breaking anyone; tagged unions where one subject carries several kinds.
+
+* ``nodus.assign.<node>``: :class:`StartAttempt` | :class:`StopAttempt` (scheduler -> node agent)
+* ``nodus.report.<node>.<attempt>``: :class:`AttemptStarted` | :class:`AttemptProgress` |
+  :class:`AttemptFinished` (node agent -> scheduler, billing)
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from nodus_schema.jobs import EnvVar
+
+
+class BusMessage(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel", tag_field="type"):
+    """Base of the bus messages: ``type`` names the kind on the wire."""
+
+
+class StartAttempt(BusMessage, tag="StartAttempt"):
+    namespace: str
+    job: str
+    attempt: str
+    index: int
+    attempt_no: int
+    node: str
+    image: str | None = None
+    command: list[str] = msgspec.field(default_factory=list)
+    args: list[str] = msgspec.field(default_factory=list)
+    env: list[EnvVar] = msgspec.field(default_factory=list)
+    working_dir: str | None = None
+    completions: int = 1
+    timeout_seconds: int | None = None
+
+
+class StopAttempt(BusMessage, tag="StopAttempt"):
+    namespace: str
+    attempt: str
+    reason: str
+
+
+Assignment = StartAttempt | StopAttempt
+
+
+class AttemptStarted(BusMessage, tag="AttemptStarted"):
+    namespace: str
+    attempt: str
+    node: str
+    time: str
+
+
+class AttemptProgress(BusMessage, tag="AttemptProgress"):
+    namespace: str
+    attempt: str
+    node: str
+    units_per_second: str
+
+
+class AttemptFinished(BusMessage, tag="AttemptFinished"):
+    namespace: str
+    attempt: str
+    node: str
+    time: str
+    exit_code: int | None
+    wall_millis: int
+    reason: str
+    """Completed, Error (non-zero exit), Stopped (asked to stop), Lost (could not run)."""
+    message: str | None = None
+    units_per_second: str | None = None
+
+
+Report = AttemptStarted | AttemptProgress | AttemptFinished
