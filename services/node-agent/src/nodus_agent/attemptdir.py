@@ -1,0 +1,128 @@
+"""One attempt's directory on the node, and the runner's record of it.
+
+``<workdir>/<namespace>/<attempt>/`` holds::
+
+    inputs/        NODUS_INPUTS   (a container will see it at /nodus/inputs)
+    outputs/       NODUS_OUTPUTS  (/nodus/outputs)
+    state/         NODUS_STATE    (/nodus/state: checkpoints)
+    report.jsonl   NODUS_REPORT   (the program appends throughput lines)
+    log.txt        the program's stdout and stderr
+    record.json    the runner's own record (below)
+
+The record is what makes the runner idempotent and safe to kill at any line: it is written (atomically)
+before the program starts, again with its pid once it runs, and again when it finishes, with the exact
+AttemptFinished message, so a duplicate StartAttempt or a restarted agent re-publishes the same report
+instead of running the program twice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import msgspec
+
+from nodus_schema.messages import AttemptFinished
+
+STARTING, RUNNING, FINISHED = "Starting", "Running", "Finished"
+
+# Namespaces and attempt names are DNS labels or subdomains without dots: path components and subject
+# tokens both, so a name that is not one must never reach the file system (no "..", no "/").
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,251}[a-z0-9])?")
+
+
+def valid_name(name: str) -> bool:
+    return bool(_NAME.fullmatch(name))
+
+
+class Record(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    phase: str
+    """Starting (program may or may not have started), Running (pid set), Finished (report set)."""
+    pid: int | None = None
+    pid_start_ticks: int | None = None
+    started: str | None = None
+    started_epoch_ms: int | None = None
+    """Wall clock of the start: after an agent restart the monotonic clock of the run is gone."""
+    finished: str | None = None
+    exit_code: int | None = None
+    report: AttemptFinished | None = None
+    reported: bool = False
+    """The finish report was acknowledged by the stream; until then a restart publishes it again."""
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Record)
+
+
+class AttemptDir:
+    def __init__(self, workdir: Path, namespace: str, attempt: str) -> None:
+        self.namespace, self.attempt = namespace, attempt
+        self.root = workdir / namespace / attempt
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs"
+
+    @property
+    def outputs(self) -> Path:
+        return self.root / "outputs"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.jsonl"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log.txt"
+
+    @property
+    def record_path(self) -> Path:
+        return self.root / "record.json"
+
+    def create(self) -> None:
+        for d in (self.inputs, self.outputs, self.state):
+            d.mkdir(parents=True, exist_ok=True)
+        self.report.touch()
+        self.log.touch()
+
+    def load(self) -> Record | None:
+        try:
+            return _decoder.decode(self.record_path.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def save(self, record: Record) -> None:
+        """Write-then-rename, fsynced: a crash leaves the old record or the new one, never half of one."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.record_path.with_suffix(".json.tmp")
+        with tmp.open("wb") as f:
+            f.write(_encoder.encode(record))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.record_path)
+
+    def log_tail(self, lines: int = 20, max_bytes: int = 4096) -> str:
+        """The last lines of log.txt, for the message of a failed attempt."""
+        try:
+            with self.log.open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - max_bytes))
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def existing(workdir: Path) -> list[AttemptDir]:
+    """Every attempt directory with a record under ``workdir`` (what an agent finds when it restarts)."""
+    found = []
+    for path in sorted(workdir.glob("*/*/record.json")):
+        namespace, attempt = path.parent.parent.name, path.parent.name
+        if valid_name(namespace) and valid_name(attempt):
+            found.append(AttemptDir(workdir, namespace, attempt))
+    return found
