@@ -1,10 +1,14 @@
-"""The gateway service process."""
+"""The gateway service process: the nodus.dev/v1 HTTP API, served next to the kit's health endpoint."""
 
 from __future__ import annotations
 
 import logging
 
-from nodus_kit.servicing import Service
+from nodus_gateway.app import build_app
+from nodus_gateway.config import GatewayConfig
+from nodus_gateway.resources import stores_for
+from nodus_gateway.server import ApiServer
+from nodus_kit.servicing import Check, Service, Settings
 
 log = logging.getLogger(__name__)
 
@@ -12,6 +16,33 @@ log = logging.getLogger(__name__)
 class GatewayService(Service):
     name = "nodus-gateway"
 
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        # Read before connecting: a missing NODUS_ADMIN_TOKEN stops the process before it does anything.
+        self.config = GatewayConfig.from_env(settings.env)
+        self.server: ApiServer | None = None
+
     async def start(self) -> None:
-        # Connected, streams and buckets declared, health endpoint up. Not built yet: the nodus.dev/v1 HTTP API (issue #3/#4).
-        log.warning("nodus-gateway runs but does no work yet: the nodus.dev/v1 HTTP API (issue #3/#4) is not built")
+        app = build_app(
+            stores_for(self.bus),
+            admin_token=self.config.admin_token,
+            ready=lambda: self.nc is not None and self.nc.is_connected,
+            max_body_bytes=self.config.max_body_bytes,
+        )
+        self.server = ApiServer(app, self.config.host, self.config.port)
+        await self.server.start()
+        log.info("API listening", extra={"url": self.server.url})
+
+    async def stop(self) -> None:
+        # Runs before the kit drains NATS, so requests in flight still reach the store.
+        if self.server is not None:
+            await self.server.stop()
+
+    def checks(self) -> dict[str, Check]:
+        checks = super().checks()
+
+        async def http_ok() -> bool:
+            return self.server is not None and self.server.serving
+
+        checks["http"] = http_ok
+        return checks

@@ -1,0 +1,111 @@
+"""``nodus``: the command line. ``main(argv)`` returns the exit code, so tests drive it in-process."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from nodus_cli import commands
+from nodus_cli.client import Client, Unreachable
+from nodus_cli.config import Config, load
+from nodus_cli.kinds import UnknownKind, resolve
+from nodus_cli.reporting import unreachable_text
+
+EPILOG = """\
+examples:
+  nodus apply -f sweep.yaml
+  nodus get sweeps
+  nodus get sweep lr-sweep --watch
+  nodus describe sweep lr-sweep
+  nodus delete sweep lr-sweep
+
+The gateway and token come from --server/--token, NODUS_URL/NODUS_TOKEN, or .nodus/local.env
+(written by `make up`) in this directory or a parent."""
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    # The same options before and after the command (`nodus -n x get sweeps`, `nodus get sweeps -n x`);
+    # after it they default to SUPPRESS, so a sub-command never resets what was given before it.
+    default = argparse.SUPPRESS if suppress else None
+    parser.add_argument("--server", default=default, help="the gateway URL (default: NODUS_URL, local.env)")
+    parser.add_argument("--token", default=default, help="the bearer token (default: NODUS_TOKEN, local.env)")
+    parser.add_argument(
+        "-n", "--namespace", default=default, help='the namespace (project) to work in (default "default")'
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nodus",
+        description="Run and inspect Nodus Sweeps and Jobs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _connection_options(parser, suppress=False)
+    common = argparse.ArgumentParser(add_help=False)
+    _connection_options(common, suppress=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("apply", parents=[common], help="create the objects in YAML or JSON files")
+    p.add_argument(
+        "-f", "--filename", action="append", required=True, metavar="FILE", help="a file, or - for stdin"
+    )
+
+    p = sub.add_parser("get", parents=[common], help="list objects, or show one")
+    p.add_argument("kind", metavar="KIND", help="sweeps or jobs")
+    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.add_argument("-l", "--selector", metavar="SELECTOR", help="a label selector, e.g. team=vision")
+    p.add_argument("-w", "--watch", action="store_true", help="redraw a Sweep until it finishes")
+
+    p = sub.add_parser("describe", parents=[common], help="show one object in detail")
+    p.add_argument("kind", metavar="KIND")
+    p.add_argument("name", metavar="NAME")
+
+    p = sub.add_parser("delete", parents=[common], help="delete one object")
+    p.add_argument("kind", metavar="KIND")
+    p.add_argument("name", metavar="NAME")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace, client: Client, config: Config) -> int:
+    if args.command == "apply":
+        return commands.apply(client, config, args.filename)
+    kind = resolve(args.kind)
+    if args.command == "get":
+        return commands.get(
+            client, config, kind, args.name, output=args.output, selector=args.selector, watch=args.watch
+        )
+    if args.command == "describe":
+        return commands.describe(client, config, kind, args.name)
+    return commands.delete(client, config, kind, args.name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        # argparse exits on --help (0) and on usage errors (2, after printing the usage): return the code.
+        return e.code if isinstance(e.code, int) else 2
+    config = load(
+        server=args.server, token=args.token, namespace=args.namespace, environ=os.environ, cwd=Path.cwd()
+    )
+    try:
+        with Client(config.server, config.token) as client:
+            return _dispatch(args, client, config)
+    except UnknownKind as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except Unreachable as e:
+        print(unreachable_text(e), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> None:
+    """The console script."""
+    raise SystemExit(main())

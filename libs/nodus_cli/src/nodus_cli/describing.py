@@ -1,0 +1,154 @@
+"""``nodus describe``: an object in readable sections (metadata, spec summary, status, conditions, cells)."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from nodus_cli.tables import NONE, age, best_lines, cell_table, cells_done, gpu_text, table, usd, wall
+from nodus_schema import Condition, Cost, Job, JobSpec, ObjectMeta, Sweep
+from nodus_schema.validating import count_cells
+
+Field = tuple[str, str]
+
+
+def _section(title: str, fields: Sequence[Field], indent: str = "  ") -> list[str]:
+    shown = [(k, v) for k, v in fields if v not in ("", NONE)]
+    if not shown:
+        return [f"{title}:  {NONE}"]
+    width = max(len(k) for k, _ in shown) + 2
+    return [f"{title}:", *(f"{indent}{(k + ':').ljust(width)}{v}" for k, v in shown)]
+
+
+def _pairs(mapping: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(mapping.items())) or NONE
+
+
+def _meta(kind: str, meta: ObjectMeta) -> list[str]:
+    created = meta.creation_timestamp
+    rows: list[Field] = [
+        ("Name", meta.name or NONE),
+        ("Namespace", meta.namespace or NONE),
+        ("Kind", kind),
+        ("Labels", _pairs(meta.labels)),
+        ("Annotations", _pairs(meta.annotations)),
+        ("Created", f"{created} ({age(created)} ago)" if created else NONE),
+        ("UID", meta.uid or NONE),
+        ("Resource Version", meta.resource_version or NONE),
+        ("Generation", str(meta.generation) if meta.generation is not None else NONE),
+    ]
+    if meta.owner_references:
+        rows.append(("Owned By", ", ".join(f"{o.kind}/{o.name}" for o in meta.owner_references)))
+    if meta.deletion_timestamp:
+        rows.append(("Deleting Since", meta.deletion_timestamp))
+    width = max(len(k) for k, _ in rows) + 2
+    return [f"{(k + ':').ljust(width)}{v}" for k, v in rows if v != NONE or k in ("Name", "Namespace")]
+
+
+def _conditions(conditions: list[Condition]) -> list[str]:
+    if not conditions:
+        return ["Conditions:  none yet"]
+    rows = [
+        [c.type, c.status, c.reason or NONE, age(c.last_transition_time), c.message or ""] for c in conditions
+    ]
+    body = table(("TYPE", "STATUS", "REASON", "AGE", "MESSAGE"), rows)
+    return ["Conditions:", *("  " + line for line in body.splitlines())]
+
+
+def _cost(cost: Cost | None) -> list[Field]:
+    if cost is None:
+        return [("Spent", NONE)]
+    final = " (final)" if cost.final else ""
+    return [
+        ("Spent", usd(cost.total_usd) + final),
+        ("Held", usd(cost.held_usd)),
+        ("Limit", usd(cost.limit_usd)),
+        ("Rate", f"{usd(cost.rate_usd_per_hour)}/h" if cost.rate_usd_per_hour else NONE),
+    ]
+
+
+def _job_spec_fields(spec: JobSpec) -> list[Field]:
+    res = spec.resources
+    placement = spec.placement
+    command = shlex.join([*spec.command, *spec.args]) if spec.command or spec.args else NONE
+    return [
+        ("Image", spec.image or spec.image_ref or NONE),
+        ("Command", command),
+        ("GPU", gpu_text(res.gpu if res else None)),
+        ("CPU / Memory", " / ".join(x for x in (res.cpu, res.memory) if x) if res else NONE),
+        ("Nodes", str(spec.distributed.nodes) if spec.distributed and spec.distributed.nodes else NONE),
+        ("Completions", str(spec.completions) if spec.completions is not None else NONE),
+        ("Parallelism", str(spec.parallelism) if spec.parallelism is not None else NONE),
+        ("Backoff Limit", str(spec.backoff_limit) if spec.backoff_limit is not None else NONE),
+        ("Timeout", spec.timeout or NONE),
+        ("Max Cost", usd(spec.max_cost_usd)),
+        ("Regions", ", ".join(placement.regions) if placement and placement.regions else NONE),
+        ("Interruptible", (placement.interruptible if placement else None) or NONE),
+        ("Env", ", ".join(e.name or "?" for e in spec.env) or NONE),
+        ("State", spec.state or NONE),
+    ]
+
+
+def describe_sweep(sweep: Sweep) -> str:
+    spec, status = sweep.spec, sweep.status
+    matrix = spec.matrix
+    dims = [f"gpu [{', '.join(gpu_text(g) for g in matrix.gpu)}]"] if matrix.gpu else []
+    dims += [f"regions [{', '.join(matrix.regions)}]"] if matrix.regions else []
+    dims += [f"{k} [{', '.join(v)}]" for k, v in sorted(matrix.params.items())]
+    done, total = cells_done(sweep)
+    lines = _meta("Sweep", sweep.metadata)
+    lines += _section(
+        "Spec",
+        [
+            ("Matrix", " x ".join(dims) or "no swept dimensions"),
+            ("Repetitions", str(spec.repetitions or 1)),
+            ("Cells", str(count_cells(spec))),
+            ("Max Parallel", str(spec.max_parallel) if spec.max_parallel is not None else NONE),
+            ("Max Cost", usd(spec.max_cost_usd)),
+            ("State", spec.state or NONE),
+        ],
+    )
+    lines += _section("Template", _job_spec_fields(spec.template.spec), indent="  ")
+    lines += _section(
+        "Status",
+        [
+            ("Phase", status.phase or "Pending"),
+            ("Reason", status.reason or NONE),
+            ("Message", status.message or NONE),
+            ("Cells Done", f"{done}/{total}"),
+            *_cost(status.cost),
+            ("Started", status.start_time or NONE),
+            ("Completed", status.completion_time or NONE),
+            ("Observed Gen.", str(status.observed_generation) if status.observed_generation else NONE),
+        ],
+    )
+    lines += _conditions(status.conditions)
+    lines += ["Cells:", *("  " + line for line in cell_table(sweep).splitlines())]
+    lines += ["  " + line for line in best_lines(sweep)]
+    return "\n".join(lines)
+
+
+def describe_job(job: Job) -> str:
+    st = job.status
+    lines = _meta("Job", job.metadata)
+    lines += _section("Spec", _job_spec_fields(job.spec))
+    lines += _section(
+        "Status",
+        [
+            ("Phase", st.phase or "Pending"),
+            ("Reason", st.reason or NONE),
+            ("Message", st.message or NONE),
+            ("Active", str(st.active) if st.active is not None else NONE),
+            ("Succeeded", f"{st.succeeded or 0}/{job.spec.completions or 1}"),
+            ("Failed", str(st.failed) if st.failed is not None else NONE),
+            ("Attempts", str(st.attempts) if st.attempts is not None else NONE),
+            ("Topology", st.topology or NONE),
+            ("Wall", wall(st.wall_seconds)),
+            ("Units/s", st.units_per_second or NONE),
+            *_cost(st.cost),
+            ("Started", st.start_time or NONE),
+            ("Completed", st.completion_time or NONE),
+        ],
+    )
+    lines += _conditions(st.conditions)
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""The kinds the CLI knows, and the names people type for them (``sweep``, ``sweeps``, ``sw``, ``Sweep``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nodus_schema import API_GROUP, Job, Sweep
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    kind: str
+    singular: str
+    plural: str
+    object_type: type[Any]
+    short_names: tuple[str, ...] = ()
+
+    def ref(self, name: str) -> str:
+        """``sweep.nodus.dev/lr``: how kubectl names an object in what it prints."""
+        return f"{self.singular}.{API_GROUP}/{name}"
+
+
+SWEEP = Kind("Sweep", "sweep", "sweeps", Sweep, ("sw",))
+JOB = Kind("Job", "job", "jobs", Job)
+KINDS: tuple[Kind, ...] = (SWEEP, JOB)
+
+
+class UnknownKind(ValueError):
+    pass
+
+
+def resolve(text: str) -> Kind:
+    """A kind from what was typed on the command line, case-insensitively."""
+    wanted = text.lower().removesuffix(f".{API_GROUP}")
+    for k in KINDS:
+        if wanted in (k.singular, k.plural, k.kind.lower(), *k.short_names):
+            return k
+    known = ", ".join(k.plural for k in KINDS)
+    raise UnknownKind(f'the server doesn\'t have a resource type "{text}" (Nodus serves: {known})')
+
+
+def by_manifest_kind(kind: object) -> Kind | None:
+    """The kind a manifest's ``kind:`` names (exactly, as the API compares it)."""
+    return next((k for k in KINDS if k.kind == kind), None)

@@ -1,0 +1,102 @@
+"""The FastAPI application: routes, middleware and the error handlers that make every error a Status."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import nats.errors
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from nodus_gateway.auth import BearerAuth
+from nodus_gateway.config import MAX_BODY_BYTES
+from nodus_gateway.requesting import RequestContext
+from nodus_gateway.resources import Stores
+from nodus_gateway.responding import ApiError, bus_unavailable, reason_for_code, status_response
+from nodus_gateway.routing import API_PREFIX, api_router
+from nodus_gateway.system import VERSION, system_router
+from nodus_kit import errors as kit
+from nodus_schema import CauseType, FieldError, status_for
+
+NOT_FOUND_FIX = (
+    f"Resources live under {API_PREFIX}/namespaces/<project>/sweeps and .../jobs; "
+    "check the path (or use the nodus CLI)."
+)
+
+
+def build_app(
+    stores: Stores,
+    *,
+    admin_token: str,
+    ready: Callable[[], bool] = lambda: True,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
+    # Kubernetes' shape, which the full API serves with discovery.
+    app = FastAPI(title="Nodus API", version=VERSION, openapi_url=None, docs_url=None, redoc_url=None)
+    app.include_router(system_router(ready))
+    app.include_router(api_router(stores, max_body_bytes=max_body_bytes))
+    _install_error_handlers(app)
+    # Added last runs first: the request context wraps authentication, so a 401 has its request id too.
+    app.add_middleware(BearerAuth, token=admin_token)
+    app.add_middleware(RequestContext)
+    return app
+
+
+def _param(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """``("query", "limit")`` → ``limit``: the parameter's name, as the caller wrote it."""
+    return ".".join(str(p) for p in loc[1:]) or str(loc[0])
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return status_response(exc.status, headers=exc.headers)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Starlette's own: no route (404), a route without this verb (405, with Allow).
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 404:
+            status = status_for(
+                "NotFound", "the server could not find the requested resource", fix=NOT_FOUND_FIX
+            )
+        elif exc.status_code == 405:
+            allowed = headers.get("allow", headers.get("Allow", ""))
+            fix = f"This path allows {allowed}." if allowed else "Use a verb this path supports."
+            if request.method in ("PUT", "PATCH"):
+                fix = f"Updates (PUT, PATCH) come with the full API. {fix}"
+            status = status_for(
+                "MethodNotAllowed",
+                f"the server does not allow this method ({request.method}) on the requested resource",
+                fix=fix,
+            )
+        else:
+            status = status_for(reason_for_code(exc.status_code), str(exc.detail))
+        return status_response(status, headers=headers)
+
+    async def parameter_error(_: Request, exc: Exception) -> Response:
+        # A bad query or path parameter (limit=abc): a malformed request, not an invalid object.
+        assert isinstance(exc, RequestValidationError)
+        causes = [FieldError(_param(e["loc"]), CauseType.INVALID, e["msg"]) for e in exc.errors()]
+        listed = "; ".join(str(c) for c in causes)
+        status = status_for("BadRequest", f"invalid request parameters: {listed}", causes=causes)
+        return status_response(status)
+
+    async def bus_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, nats.errors.Error)
+        return status_response(bus_unavailable(exc).status, headers={"Retry-After": "1"})
+
+    async def kit_error(_: Request, exc: Exception) -> Response:
+        # Routes translate store errors with the resource's wording; this is the net under them.
+        assert isinstance(exc, kit.NodusError)
+        return status_response(status_for(exc.reason if exc.reason != "Invalid" else "BadRequest", str(exc)))
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, parameter_error)
+    app.add_exception_handler(nats.errors.Error, bus_error)
+    app.add_exception_handler(kit.NodusError, kit_error)

@@ -1,0 +1,80 @@
+"""The context of every request: its request id, an access log line, and a Status for any crash.
+
+The request id is the caller's ``X-Request-Id`` when it looks like one, else a new one; it is set for the
+whole request (logs carry it, the bus carries it on as ``Nodus-Request-Id``), returned in the
+``X-Request-Id`` header of every response and put in every Status as ``requestId``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Final
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from nodus_gateway.responding import status_response
+from nodus_kit import tracing
+from nodus_schema import status_for
+
+log = logging.getLogger("nodus_gateway.requests")
+
+HEADER: Final = "X-Request-Id"
+# A caller's id is echoed into headers and logs: anything else than a short plain token is replaced.
+_ACCEPTABLE_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id_from(value: str | None) -> str:
+    if value and _ACCEPTABLE_ID.fullmatch(value):
+        return value
+    return tracing.new_request_id()
+
+
+class RequestContext:
+    """ASGI middleware, outermost of the app's: request id, access log, 500 InternalError on a crash."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = request_id_from(Headers(scope=scope).get(HEADER))
+        token = tracing.set_request_id(rid)
+        began = time.perf_counter()
+        code = 500
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal code, started
+            if message["type"] == "http.response.start":
+                started, code = True, int(message["status"])
+                MutableHeaders(scope=message)[HEADER] = rid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            # The traceback goes to the log under this request id, never to the caller.
+            log.exception("unhandled error", extra={"method": scope["method"], "path": scope["path"]})
+            if started:
+                raise
+            status = status_for("InternalError", "the server failed unexpectedly; the error is logged")
+            await status_response(status)(scope, receive, send_with_id)
+        finally:
+            log.info(
+                "%s %s %d",
+                scope["method"],
+                scope["path"],
+                code,
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": code,
+                    "durationMs": round((time.perf_counter() - began) * 1000, 1),
+                },
+            )
+            token.var.reset(token)

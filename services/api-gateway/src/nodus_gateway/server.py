@@ -1,0 +1,99 @@
+"""The HTTP server under the API: uvicorn, run as a task inside the service's own event loop.
+
+The service process already owns the loop, the NATS connection and the signals, so uvicorn is started
+with ``serve(sockets=...)`` rather than ``uvicorn.run``: it must not install its own SIGTERM handler (the
+service stops it, in order, after it has stopped taking requests), and binding the socket here turns a
+busy port into an ordinary ``OSError`` instead of uvicorn's ``sys.exit`` from inside a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+GRACEFUL_SHUTDOWN_S = 10.0
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The Service's loop handles SIGTERM/SIGINT and calls ApiServer.stop.
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket; port 0 takes a free one (tests read it back from ``ApiServer.port``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+class ApiServer:
+    """Serve an ASGI app on ``host:port`` until :meth:`stop`."""
+
+    def __init__(self, app: Any, host: str, port: int) -> None:
+        self.app, self.host, self.port = app, host, port
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def serving(self) -> bool:
+        return (
+            self._server is not None
+            and self._server.started
+            and self._task is not None
+            and not self._task.done()
+        )
+
+    async def start(self, deadline_s: float = 10.0) -> None:
+        try:
+            sock = bind(self.host, self.port)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot listen on {self.host}:{self.port}: {e.strerror}") from e
+        self.port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            log_config=None,  # keep the service's JSON logging
+            access_log=False,  # the app logs each request itself, with its request id
+            server_header=False,
+            timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
+        )
+        self._server = _Server(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="nodus-gateway-http")
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise RuntimeError("the HTTP server stopped before it started")
+            if loop.time() > end:
+                raise TimeoutError(f"the HTTP server did not start within {deadline_s}s")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(self._task, GRACEFUL_SHUTDOWN_S + 5)
+        finally:
+            self._server = self._task = None

@@ -1,0 +1,31 @@
+"""The gateway app in-process (httpx over ASGI) against the session's real nats-server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest_asyncio
+from fastapi import FastAPI
+from nats.aio.client import Client as NATS
+
+from nodus_gateway.app import build_app
+from nodus_gateway.resources import stores_for
+
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+
+@pytest_asyncio.fixture
+async def app(nc: NATS) -> FastAPI:
+    return build_app(stores_for(nc), admin_token=ADMIN_TOKEN, ready=lambda: nc.is_connected)
+
+
+@pytest_asyncio.fixture
+async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the app that sends the admin token."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://gateway",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    ) as client:
+        yield client
