@@ -41,7 +41,7 @@ system-deps:
 lint: venv
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/ruff format --check libs services tests bench
-	$(BIN)/mypy libs/nodus_schema/src libs/nodus_kit/src libs/nodus_testing/src
+	$(BIN)/mypy libs/nodus_schema/src libs/nodus_kit/src libs/nodus_testing/src libs/nodus_cli/src
 	$(BIN)/lint-imports
 
 fmt: venv
@@ -54,8 +54,15 @@ test: venv system-deps lint
 bench: venv
 	$(BIN)/python -m bench
 
+# The whole stack in .nodus/run (apart from `make up`'s), the example Sweep through the real CLI, the
+# cell table live until the Sweep ends, then everything stopped again, whatever happened.
+RUN_ROOT := .nodus/run
 run: venv system-deps
-	$(BIN)/python -m nodus_testing.localstack run
+	@$(BIN)/python -m nodus_testing.localstack up --fresh --root $(RUN_ROOT)
+	@trap '$(BIN)/python -m nodus_testing.localstack down --root $(RUN_ROOT)' EXIT; \
+	 set -a; . $(RUN_ROOT)/local.env; set +a; \
+	 $(BIN)/nodus apply -f examples/sweep.yaml && \
+	 $(BIN)/nodus get sweep hash-bench --watch
 
 up: venv system-deps
 	$(BIN)/python -m nodus_testing.localstack up

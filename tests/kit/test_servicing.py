@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -51,9 +52,18 @@ async def _http_get(port: int, path: str) -> tuple[int, dict[str, object]]:
 @pytest.mark.parametrize(
     "module", ["nodus_gateway", "nodus_sweeps", "nodus_scheduler", "nodus_billing", "nodus_agent"]
 )
-async def test_each_service_starts_reports_ready_and_stops_on_sigterm(nats_url: str, module: str) -> None:
+async def test_each_service_starts_reports_ready_and_stops_on_sigterm(
+    nats_url: str, module: str, tmp_path: Path
+) -> None:
     port = free_port()
-    env = {**os.environ, "NODUS_NATS_URL": nats_url, "NODUS_HEALTH_PORT": str(port)}
+    env = {
+        **os.environ,
+        "NODUS_NATS_URL": nats_url,
+        "NODUS_HEALTH_PORT": str(port),
+        "NODUS_ADMIN_TOKEN": "test-token",
+        "NODUS_GATEWAY_PORT": str(free_port()),
+        "NODUS_AGENT_WORKDIR": str(tmp_path / "agent"),
+    }
     # A real process, as production runs it; Popen returns at once (it does not wait).
     proc = subprocess.Popen([sys.executable, "-m", module], env=env, stderr=subprocess.PIPE)  # noqa: ASYNC220
     try:
@@ -63,7 +73,7 @@ async def test_each_service_starts_reports_ready_and_stops_on_sigterm(nats_url: 
                 status, body = await _http_get(port, "/readyz")
             except OSError:
                 return False
-            return status == 200 and body["checks"] == {"nats": True}
+            return status == 200 and body["status"] == "ok" and body["checks"]["nats"] is True
 
         await eventually(ready, deadline_s=20, message=f"{module} never became ready")
         proc.send_signal(signal.SIGTERM)

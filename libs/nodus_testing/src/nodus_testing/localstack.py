@@ -1,9 +1,10 @@
 """The local stack: nats-server, SeaweedFS and every Nodus service as its own process, as production runs.
 
-``python -m nodus_testing.localstack up|down|status|run`` (the Makefile's ``make up``, ``make down`` and
-``make run``). State lives in ``.nodus/``: the servers' data, one log per process, ``stack.json`` (pids
-and ports, so ``down`` works from another shell), ``local.env`` (URLs and an admin token) and
-``kubeconfig``. End-to-end tests start the same :class:`Stack` in a temporary directory.
+``python -m nodus_testing.localstack up|down|status`` (the Makefile's ``make up`` and ``make down``;
+``make run`` starts its own stack in ``.nodus/run`` and drives it with the ``nodus`` CLI). State lives
+in ``.nodus/``: the servers' data, one log per process, ``stack.json`` (pids and ports, so ``down``
+works from another shell), ``local.env`` (URLs and an admin token) and ``kubeconfig``.
+End-to-end tests start the same :class:`Stack` in a temporary directory.
 """
 
 from __future__ import annotations
@@ -74,9 +75,15 @@ class Stack:
         }
         for short, module in SERVICES:
             self.procs.append(Proc(short, [sys.executable, "-m", module], dict(base), free_port()))
-        for i, agent in enumerate(self.agents):
-            env = {**base, **agent}
-            self.procs.append(Proc(f"agent-{i}", [sys.executable, "-m", "nodus_agent"], env, free_port()))
+        for i, extra in enumerate(self.agents):
+            name = extra.get("NODUS_AGENT_NODE", f"agent-{i}")
+            env = {
+                "NODUS_AGENT_WORKDIR": str(self._dir(f"agents/{name}")),
+                "NODUS_AGENT_CWD": os.getcwd(),
+                **base,
+                **extra,
+            }
+            self.procs.append(Proc(name, [sys.executable, "-m", "nodus_agent"], env, free_port()))
         for p in self.procs:
             self._spawn(p)
         self._save(nats, s3)
@@ -132,10 +139,16 @@ class Stack:
             return []
         state = json.loads(self.state_file.read_text())
         stopped = []
-        for group in ([p["pid"] for p in state["procs"]], [state["s3"]["pid"], state["nats"]["pid"]]):
+        # SeaweedFS never exits on SIGTERM (its filer and S3 keep running), so the servers get a short
+        # grace: by then NATS has flushed (it syncs every write anyway) and the services are gone.
+        groups = (
+            ([p["pid"] for p in state["procs"]], grace_s),
+            ([state["s3"]["pid"], state["nats"]["pid"]], 1.5),
+        )
+        for group, grace in groups:
             for pid in group:
                 _signal(pid, signal.SIGTERM)
-            end = time.monotonic() + grace_s
+            end = time.monotonic() + grace
             while any(_alive(pid) for pid in group) and time.monotonic() < end:
                 time.sleep(0.05)
             for pid in group:
@@ -198,14 +211,32 @@ def _signal(pid: int, sig: int) -> None:
 
 
 def default_agents() -> list[dict[str, str]]:
-    """The local capacity of ``make run``: agents come with the walking skeleton (issue #3)."""
-    return []
+    """The local capacity of ``make run``: H100 nodes in ``us``, an A100 in ``eu`` and an L4, each a node
+    agent with a fake-GPU inventory running real processes."""
+    return [
+        agent("h100-us-1", "h100-sxm-80g-x1-us", "us", "H100-SXM-80G", "80Gi"),
+        agent("h100-us-2", "h100-sxm-80g-x1-us", "us", "H100-SXM-80G", "80Gi"),
+        agent("a100-eu-1", "a100-sxm-80g-x1-eu", "eu", "A100-SXM-80G", "80Gi"),
+        agent("l4-us-1", "l4-x1-us", "us", "L4", "24Gi"),
+    ]
+
+
+def agent(node: str, offering: str, region: str, variant: str, memory: str, gpus: int = 1) -> dict[str, str]:
+    return {
+        "NODUS_AGENT_NODE": node,
+        "NODUS_AGENT_OFFERING": offering,
+        "NODUS_AGENT_REGION": region,
+        "NODUS_AGENT_VARIANT": variant,
+        "NODUS_AGENT_GPU_MEMORY": memory,
+        "NODUS_AGENT_GPUS": str(gpus),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localstack", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "run"])
+    parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--root", default=".nodus", type=Path)
+    parser.add_argument("--fresh", action="store_true", help="start from empty state (wipe the root first)")
     args = parser.parse_args(argv)
     stack = Stack(args.root.resolve(), agents=default_agents())
     if args.command == "down":
@@ -219,24 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     if stack.state_file.exists():
         print(f"a local stack is already running ({stack.state_file}); `make down` first", file=sys.stderr)
         return 1
+    if args.fresh and stack.root.exists():
+        import shutil
+
+        shutil.rmtree(stack.root)
     values = stack.start()
     print(f"local stack up: logs in {stack.root}/logs, settings in {stack.root}/local.env")
     for k, v in values.items():
         print(f"  {k}={v if k != 'NODUS_TOKEN' else v[:4] + '…'}")
-    if args.command == "up":
-        return 0
-    try:
-        return run_example(stack, values)
-    finally:
-        stack.stop()
-
-
-def run_example(stack: Stack, values: dict[str, str]) -> int:
-    print(
-        "\nNot built yet: the walking skeleton (issue #3). The services above start, connect to NATS, "
-        "declare every stream and bucket and answer /readyz, but none of them does work yet, so no "
-        "Sweep can run. Stopping the stack."
-    )
     return 0
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from nodus_kit.servicing import main as run_service
-
 from nodus_billing.service import BillingService
+from nodus_kit.servicing import main as run_service
 
 
 def main() -> None:

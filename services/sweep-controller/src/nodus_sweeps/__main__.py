@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from nodus_kit.servicing import main as run_service
-
 from nodus_sweeps.service import SweepsService
 
 

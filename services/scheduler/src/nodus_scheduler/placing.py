@@ -1,0 +1,91 @@
+"""Placement: a free, ready node whose offering matches a Job's request, or the reasons why none does.
+
+Every unplaced Job says why, Kubernetes-style: ``0/5 nodes: 3 other accelerator, 1 busy, 1 not ready``.
+Among the nodes that fit, the cheapest offering wins (then the name, so placement is deterministic).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from nodus_schema.catalog import Catalog, Offering, offering_matches
+from nodus_schema.gpus import GPURequest, as_gpu_request
+from nodus_schema.jobs import JobSpec
+from nodus_schema.meta import parse_time
+from nodus_schema.nodes import Node
+
+# A node whose last heartbeat is older than this is not offered work (its agent may be gone).
+HEARTBEAT_GRACE = timedelta(seconds=15)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: Node
+    offering: Offering
+
+
+@dataclass(frozen=True, slots=True)
+class NoPlacement:
+    message: str
+
+
+def request_of(spec: JobSpec) -> GPURequest | None:
+    gpu = spec.resources.gpu if spec.resources else None
+    return as_gpu_request(gpu) if gpu is not None else None
+
+
+def place(
+    spec: JobSpec, nodes: list[Node], busy: set[str], catalog: Catalog, now: datetime | None = None
+) -> Placement | NoPlacement:
+    now = now or datetime.now(UTC)
+    request = request_of(spec)
+    regions = set(spec.placement.regions) if spec.placement and spec.placement.regions else None
+    allowed = set(spec.placement.offerings) if spec.placement and spec.placement.offerings else None
+    reasons: Counter[str] = Counter()
+    fits: list[Placement] = []
+    for node in nodes:
+        why, offering = _why_not(node, request, regions, allowed, busy, catalog, now)
+        if why:
+            reasons[why] += 1
+        elif offering is not None:
+            fits.append(Placement(node, offering))
+    if fits:
+        return min(fits, key=lambda p: (p.offering.rate_micros_per_hour, p.node.metadata.name or ""))
+    detail = ", ".join(f"{n} {why}" for why, n in reasons.most_common())
+    return NoPlacement(
+        f"0/{len(nodes)} nodes: {detail}" if nodes else "0/0 nodes: no node agent is registered"
+    )
+
+
+def _why_not(
+    node: Node,
+    request: GPURequest | None,
+    regions: set[str] | None,
+    allowed: set[str] | None,
+    busy: set[str],
+    catalog: Catalog,
+    now: datetime,
+) -> tuple[str | None, Offering | None]:
+    offering = catalog.offering(node.spec.offering)
+    if offering is None:
+        return "unknown offering", None
+    if request is not None and (why := offering_matches(request, offering, catalog)):
+        return why, None
+    if regions is not None and node.spec.region_class not in regions:
+        return "other region", None
+    if allowed is not None and offering.id not in allowed:
+        return "offering not allowed", None
+    if not _ready(node, now):
+        return "not ready", None
+    if node.metadata.name in busy:
+        return "busy", None
+    return None, offering
+
+
+def _ready(node: Node, now: datetime) -> bool:
+    if node.status.phase != "Ready" or node.spec.unschedulable:
+        return False
+    beat = node.status.last_heartbeat_time
+    return beat is not None and now - parse_time(beat) <= HEARTBEAT_GRACE

@@ -1,0 +1,60 @@
+"""Agent reports -> Attempt status. Every report can arrive twice or out of order: a terminal Attempt
+never changes again, and a late AttemptStarted does not undo a finish."""
+
+from __future__ import annotations
+
+import msgspec
+
+from nodus_kit.errors import NotFound
+from nodus_kit.messaging import Delivery
+from nodus_kit.storing import ObjectStore
+from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
+from nodus_schema.messages import AttemptFinished, AttemptProgress, AttemptStarted, Report
+
+FINISH_PHASE = {
+    "Completed": "Succeeded",
+    "Error": "Failed",
+    "DeadlineExceeded": "Failed",
+    "Stopped": "Stopped",
+    "Lost": "Lost",
+}
+
+
+class Reports:
+    def __init__(self, attempts: ObjectStore[Attempt]) -> None:
+        self.attempts = attempts
+
+    async def handle(self, delivery: Delivery[Report]) -> None:
+        report = delivery.data
+        try:
+            await self.attempts.mutate(report.namespace, report.attempt, lambda a: apply(a, report))
+        except NotFound:
+            return  # the Job (and its Attempts) were deleted meanwhile: nothing to record
+
+
+def apply(a: Attempt, report: Report) -> Attempt | None:
+    st = a.status
+    if st.phase in ATTEMPT_TERMINAL:
+        return None
+    if isinstance(report, AttemptStarted):
+        if st.phase == "Running":
+            return None
+        st = msgspec.structs.replace(st, phase="Running", start_time=report.time)
+    elif isinstance(report, AttemptProgress):
+        st = msgspec.structs.replace(st, units_per_second=report.units_per_second)
+    elif isinstance(report, AttemptFinished):
+        phase = FINISH_PHASE.get(report.reason, "Failed")
+        if report.reason == "Completed" and report.exit_code not in (0, None):
+            phase = "Failed"
+        st = msgspec.structs.replace(
+            st,
+            phase=phase,
+            reason=report.reason,
+            message=report.message,
+            finish_time=report.time,
+            exit_code=report.exit_code,
+            wall_millis=report.wall_millis,
+            units_per_second=report.units_per_second or st.units_per_second,
+            start_time=st.start_time or report.time,
+        )
+    return msgspec.structs.replace(a, status=st)

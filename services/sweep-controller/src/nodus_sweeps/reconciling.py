@@ -1,0 +1,208 @@
+"""The Sweep reconciler: cells Jobs in, cell table and best cells out.
+
+Level-triggered and safe to kill at any line: it derives everything from the Sweep and the Jobs that
+carry its label, creates the next missing cells (AlreadyExists is success), and writes the status only
+when it changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from decimal import Decimal
+
+import msgspec
+from nats.aio.client import Client as NATS
+
+from nodus_kit.errors import AlreadyExists, NotFound
+from nodus_kit.selecting import Selector
+from nodus_kit.storing import ObjectStore
+from nodus_schema.costs import Cost
+from nodus_schema.expanding import Cell, cell_job, expand
+from nodus_schema.jobs import TERMINAL_PHASES, Job
+from nodus_schema.meta import Condition, now_rfc3339, set_condition
+from nodus_schema.quantities import micros_to_usd, usd_to_micros
+from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep, SweepBest, SweepCell, SweepStatus
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_PARALLEL = 4
+
+
+class SweepReconciler:
+    def __init__(self, nc: NATS) -> None:
+        self.sweeps = ObjectStore(nc, "sweeps", Sweep)
+        self.jobs = ObjectStore(nc, "jobs", Job)
+
+    async def reconcile(self, key: tuple[str, str]) -> float | None:
+        ns, name = key
+        cell_jobs = (await self.jobs.list(ns, selector=Selector.equals({SWEEP_LABEL: name}))).items
+        try:
+            sweep = await self.sweeps.get(ns, name)
+        except NotFound:
+            await self._collect(ns, cell_jobs)
+            return None
+        # Only Jobs this Sweep owns count: a same-named Sweep created after a delete must not adopt old cells.
+        owned = {
+            int(j.metadata.labels[CELL_LABEL]): j
+            for j in cell_jobs
+            if any(o.uid == sweep.metadata.uid for o in j.metadata.owner_references)
+        }
+        cells = expand(sweep)
+        await self._propagate_state(sweep, owned)
+        await self._create_cells(sweep, cells, owned)
+        status = self._status(sweep, cells, owned)
+        await self._write(sweep, status)
+        return None
+
+    async def _collect(self, ns: str, cell_jobs: list[Job]) -> None:
+        """The Sweep is gone: its cells go too (ownerReferences, as Kubernetes' garbage collector does)."""
+        for job in cell_jobs:
+            try:
+                await self.jobs.delete(ns, job.metadata.name or "")
+            except NotFound:
+                pass
+
+    async def _propagate_state(self, sweep: Sweep, owned: dict[int, Job]) -> None:
+        """spec.state of the Sweep propagates to its unfinished cells (Suspended, Cancelled, Running)."""
+        wanted = sweep.spec.state or "Running"
+        for job in owned.values():
+            if job.status.phase in TERMINAL_PHASES or (job.spec.state or "Running") == wanted:
+                continue
+
+            def change(j: Job, wanted: str = wanted) -> Job:
+                return msgspec.structs.replace(j, spec=msgspec.structs.replace(j.spec, state=wanted))
+
+            try:
+                await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+            except NotFound:
+                pass
+
+    async def _create_cells(self, sweep: Sweep, cells: list[Cell], owned: dict[int, Job]) -> None:
+        if (sweep.spec.state or "Running") != "Running":
+            return
+        limit = sweep.spec.max_parallel or DEFAULT_MAX_PARALLEL
+        unfinished = sum(1 for j in owned.values() if j.status.phase not in TERMINAL_PHASES)
+        for cell in cells:
+            if unfinished >= limit:
+                return
+            if cell.index in owned:
+                continue
+            try:
+                owned[cell.index] = await self.jobs.create(cell_job(sweep, cell))
+                log.info("cell created", extra={"sweep": sweep.metadata.name, "cell": cell.index})
+            except AlreadyExists:
+                owned[cell.index] = await self.jobs.get(
+                    sweep.metadata.namespace, f"{sweep.metadata.name}-{cell.index}"
+                )
+            unfinished += 1
+
+    def _status(self, sweep: Sweep, cells: list[Cell], owned: dict[int, Job]) -> SweepStatus:
+        m = sweep.spec.matrix
+        rows = [_cell_row(c, owned.get(c.index), bool(m.gpu), bool(m.regions)) for c in cells]
+        old = sweep.status
+        phase, reason, message = _phase(sweep, rows)
+        total = sum(usd_to_micros(r.cost_usd) for r in rows if r.cost_usd)
+        status = SweepStatus(
+            cells=rows,
+            best=_best(rows),
+            cost=Cost(
+                total_usd=micros_to_usd(total),
+                limit_usd=sweep.spec.max_cost_usd,
+                final=phase in TERMINAL_PHASES and all(_final(owned.get(r.index)) for r in rows),
+            ),
+            phase=phase,
+            reason=reason,
+            message=message,
+            observed_generation=sweep.metadata.generation,
+            start_time=old.start_time or (now_rfc3339() if owned else None),
+            completion_time=old.completion_time or (now_rfc3339() if phase in TERMINAL_PHASES else None),
+            conditions=list(old.conditions),
+            estimate=old.estimate,
+        )
+        cond = Condition(
+            type="Complete" if phase == "Succeeded" else "Failed" if phase == "Failed" else "Progressing",
+            status="True",
+            reason=reason or phase,
+            message=message,
+            observed_generation=sweep.metadata.generation,
+        )
+        set_condition(status.conditions, cond, now=status.completion_time or now_rfc3339())
+        return status
+
+    async def _write(self, sweep: Sweep, status: SweepStatus) -> None:
+        def change(current: Sweep) -> Sweep | None:
+            if current.metadata.uid != sweep.metadata.uid or _same(current.status, status):
+                return None
+            return msgspec.structs.replace(current, status=status)
+
+        try:
+            await self.sweeps.mutate(sweep.metadata.namespace, sweep.metadata.name or "", change)
+        except NotFound:
+            pass
+
+
+def _same(a: SweepStatus, b: SweepStatus) -> bool:
+    """Equal but for condition timestamps (which must not cause a write on every pass)."""
+    strip = [msgspec.structs.replace(c, last_transition_time=None) for c in a.conditions]
+    strip_b = [msgspec.structs.replace(c, last_transition_time=None) for c in b.conditions]
+    return msgspec.structs.replace(a, conditions=strip) == msgspec.structs.replace(b, conditions=strip_b)
+
+
+def _final(job: Job | None) -> bool:
+    return bool(job and job.status.cost and job.status.cost.final)
+
+
+def _cell_row(cell: Cell, job: Job | None, sweeps_gpu: bool, sweeps_region: bool) -> SweepCell:
+    st = job.status if job else None
+    return SweepCell(
+        index=cell.index,
+        repetition=cell.repetition,
+        gpu=cell.gpu_text if sweeps_gpu else None,
+        region=cell.region if sweeps_region else None,
+        params=dict(cell.params),
+        object=job.metadata.name if job else None,
+        phase=(st.phase or "Pending") if st else "Pending",
+        wall_seconds=st.wall_seconds if st else None,
+        units_per_second=st.units_per_second if st else None,
+        cost_usd=st.cost.total_usd if st and st.cost else None,
+    )
+
+
+def _best(rows: list[SweepCell]) -> SweepBest | None:
+    done = [r for r in rows if r.phase == "Succeeded"]
+    by_cost = min(
+        (r for r in done if r.cost_usd),
+        key=lambda r: (usd_to_micros(r.cost_usd or "0"), r.index),
+        default=None,
+    )
+    by_tp = max(
+        (r for r in done if r.units_per_second),
+        key=lambda r: (Decimal(r.units_per_second or "0"), -r.index),
+        default=None,
+    )
+    if by_cost is None and by_tp is None:
+        return None
+    return SweepBest(by_cost=by_cost.index if by_cost else None, by_throughput=by_tp.index if by_tp else None)
+
+
+def _phase(sweep: Sweep, rows: list[SweepCell]) -> tuple[str, str | None, str]:
+    n = len(rows)
+    done = [r for r in rows if r.phase in TERMINAL_PHASES]
+    failed = [r for r in rows if r.phase == "Failed"]
+    state = sweep.spec.state or "Running"
+    if len(done) == n:
+        if failed:
+            which = ", ".join(f"#{r.index}" for r in failed[:10])
+            return "Failed", "CellsFailed", f"{len(failed)} of {n} cells failed: {which}"
+        if any(r.phase == "Cancelled" for r in rows):
+            return "Cancelled", "Cancelled", f"cancelled; {n - len(failed)} of {n} cells finished"
+        return "Succeeded", "CellsSucceeded", f"all {n} cells succeeded"
+    if state == "Cancelled":
+        if all(r.phase in TERMINAL_PHASES or r.object is None for r in rows):
+            return "Cancelled", "Cancelled", f"cancelled with {len(done)} of {n} cells finished"
+        return "Running", "Cancelling", "stopping the running cells"
+    if state == "Suspended":
+        return "Suspended", "Suspended", f"suspended with {len(done)} of {n} cells finished"
+    running = sum(1 for r in rows if r.object and r.phase not in TERMINAL_PHASES)
+    if running or done:
+        return "Running", None, f"{len(done)} of {n} cells finished, {running} in progress"
+    return "Pending", None, f"{n} cells to run"
