@@ -17,6 +17,7 @@ from nodus_schema.gpus import GPURequest, as_gpu_request, format_gpu, has_string
 from nodus_schema.jobs import EnvVar, Job, JobSpec, Placement, Resources
 from nodus_schema.meta import ObjectMeta, OwnerReference
 from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep
+from nodus_schema.validating import count_cells
 from nodus_schema.wire import API_VERSION
 
 PARAM_PREFIX = "NODUS_PARAM_"
@@ -38,11 +39,7 @@ class Cell:
 
 
 def cell_count(sweep: Sweep) -> int:
-    m = sweep.spec.matrix
-    n = max(1, len(m.gpu)) * max(1, len(m.regions)) * (sweep.spec.repetitions or 1)
-    for values in m.params.values():
-        n *= max(1, len(values))
-    return n
+    return count_cells(sweep.spec)
 
 
 def expand(sweep: Sweep) -> list[Cell]:
