@@ -58,9 +58,9 @@ bench: venv
 # cell table live until the Sweep ends, then everything stopped again, whatever happened.
 RUN_ROOT := .nodus/run
 run: venv system-deps
-	@$(BIN)/python -m nodus_testing.localstack up --fresh --root $(RUN_ROOT)
 	@trap '$(BIN)/python -m nodus_testing.localstack down --root $(RUN_ROOT)' EXIT; \
-	 set -a; . $(RUN_ROOT)/local.env; set +a; \
+	 $(BIN)/python -m nodus_testing.localstack up --fresh --root $(RUN_ROOT) && \
+	 set -a && . $(RUN_ROOT)/local.env && set +a && \
 	 $(BIN)/nodus apply -f examples/sweep.yaml && \
 	 $(BIN)/nodus get sweep hash-bench --watch
 

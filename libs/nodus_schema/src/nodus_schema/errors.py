@@ -261,6 +261,66 @@ _ALL: tuple[Reason, ...] = (
         "Inspect the failed cells in status.cells and their Jobs' conditions.",
         "One or more cells of the Sweep failed.",
     ),
+    # Status reasons that are not errors of a request: they explain a phase (the HTTP mapping is what a
+    # request would get if one ever carried them).
+    _r(
+        "Completed",
+        200,
+        "",
+        "Nothing to do: read the results in status (completedIndexes, wallSeconds, unitsPerSecond, cost).",
+        "Every index of the Job succeeded.",
+    ),
+    _r(
+        "CellsSucceeded",
+        200,
+        "",
+        "Nothing to do: compare the cells in status.cells and the best cells in status.best.",
+        "Every cell of the Sweep succeeded.",
+    ),
+    _r(
+        "Unschedulable",
+        503,
+        "ServiceUnavailable",
+        'Read status.message ("0/N nodes: ..."): widen placement.regions or the GPU types, '
+        "or wait for capacity.",
+        "No node can take the Job now; it waits in the queue.",
+    ),
+    _r(
+        "CapacityLost",
+        503,
+        "ServiceUnavailable",
+        "Raise recovery.maxAttempts, or run where capacity is steadier; the lost runs were not charged "
+        "to backoffLimit.",
+        "An index lost its node more often than recovery.maxAttempts allows.",
+    ),
+    _r(
+        "NodeLost",
+        503,
+        "ServiceUnavailable",
+        "Nothing: the scheduler starts a new Attempt elsewhere (recovery.maxAttempts bounds how often).",
+        "The Attempt's node stopped heartbeating; the run is lost, not failed.",
+    ),
+    _r(
+        "Cancelled",
+        200,
+        "",
+        "Nothing: a cancelled object stays cancelled; create a new one to run again.",
+        "spec.state is Cancelled and everything that ran has stopped.",
+    ),
+    _r(
+        "Cancelling",
+        200,
+        "",
+        "Wait: running cells are being stopped.",
+        "spec.state is Cancelled and running work is being stopped.",
+    ),
+    _r(
+        "Suspended",
+        200,
+        "",
+        "Set spec.state back to Running to resume.",
+        "spec.state is Suspended: nothing runs, the place in line is kept.",
+    ),
 )
 
 REASONS: Final[MappingProxyType[str, Reason]] = MappingProxyType({r.code: r for r in _ALL})

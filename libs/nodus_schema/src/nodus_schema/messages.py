@@ -2,7 +2,7 @@
 so fields can be added without breaking anyone; tagged unions where one subject carries several kinds.
 
 * ``nodus.assign.<node>``: :class:`StartAttempt` | :class:`StopAttempt` (scheduler -> node agent)
-* ``nodus.report.<node>.<attempt>``: :class:`AttemptStarted` | :class:`AttemptProgress` |
+* ``nodus.report.<node>.<namespace>.<attempt>``: :class:`AttemptStarted` | :class:`AttemptProgress` |
   :class:`AttemptFinished` (node agent -> scheduler, billing)
 """
 

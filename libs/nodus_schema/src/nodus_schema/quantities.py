@@ -15,6 +15,7 @@ sentence into a field error with the field's path. Arithmetic is exact (``Decima
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import timedelta
 from decimal import Context, Decimal, Inexact, InvalidOperation, localcontext
@@ -82,6 +83,7 @@ def _check_str(value: object, what: str, example: str) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_quantity(value: str) -> Decimal:
     """Parse a Kubernetes quantity into its exact value (``"64Gi"`` → 68719476736, ``"500m"`` → 0.5).
 
@@ -166,6 +168,7 @@ _UNIT_NANOS: dict[str, int] = {
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([a-zA-Z\u00b5\u03bc]+)")
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_duration(value: str, *, allow_negative: bool = False) -> timedelta:
     """Parse a Go duration string (``"1h30m"``, ``"1.5h"``, ``"300ms"``, ``"0s"``, ``"0"``).
 

@@ -229,6 +229,8 @@ def agent(node: str, offering: str, region: str, variant: str, memory: str, gpus
         "NODUS_AGENT_VARIANT": variant,
         "NODUS_AGENT_GPU_MEMORY": memory,
         "NODUS_AGENT_GPUS": str(gpus),
+        # Always the fake inventory: on a GPU host every local agent would otherwise report the same devices.
+        "NODUS_AGENT_FAKE_GPUS": "1",
     }
 
 

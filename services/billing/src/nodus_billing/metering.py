@@ -26,6 +26,7 @@ from nodus_schema.quantities import micros_to_usd
 
 log = logging.getLogger(__name__)
 JOB_LABEL = "nodus.dev/job"
+JOB_UID_LABEL = "nodus.dev/job-uid"
 
 
 class Metering:
@@ -50,7 +51,9 @@ class Metering:
         spec = attempt.spec
         entry = LedgerEntry(
             metadata=ObjectMeta(
-                name=attempt.metadata.name, namespace=attempt.metadata.namespace, labels={JOB_LABEL: spec.job}
+                name=attempt.metadata.name,
+                namespace=attempt.metadata.namespace,
+                labels={JOB_LABEL: spec.job, JOB_UID_LABEL: attempt.metadata.labels.get(JOB_UID_LABEL, "")},
             ),
             spec=LedgerEntrySpec(
                 job=spec.job,
@@ -79,14 +82,30 @@ class Metering:
         return None
 
     async def roll_up(self, namespace: str, job_name: str) -> None:
-        entries = (await self.ledger.list(namespace, selector=Selector.equals({JOB_LABEL: job_name}))).items
-        total = sum(e.spec.amount_micros for e in entries if e.spec)
+        """status.cost from the ledger; ``final`` only once the Job is terminal AND every one of its
+        Attempts that ran has its charge posted (a report can reach billing after the Job ended)."""
+        by_job = Selector.equals({JOB_LABEL: job_name})
+        entries = (await self.ledger.list(namespace, selector=by_job)).items
+        attempts = (await self.attempts.list(namespace, selector=by_job)).items
 
         def change(job: Job) -> Job | None:
+            uid = job.metadata.uid
+            # Only this Job's: a deleted Job of the same name keeps its history, not its charges.
+            mine = [e for e in entries if e.metadata.labels.get(JOB_UID_LABEL) == uid]
+            charged = {e.metadata.name for e in mine}
+            unposted = [
+                a
+                for a in attempts
+                if a.metadata.labels.get(JOB_UID_LABEL) == uid
+                and a.metadata.name not in charged
+                # A run lost with its node never reports a finish: Nodus covers it, nothing to post.
+                and not (a.status.phase == "Lost" and a.status.reason == "NodeLost")
+            ]
+            total = sum(e.spec.amount_micros for e in mine if e.spec)
             cost = Cost(
                 total_usd=micros_to_usd(total),
                 limit_usd=job.spec.max_cost_usd,
-                final=job.status.phase in TERMINAL_PHASES,
+                final=job.status.phase in TERMINAL_PHASES and not unposted,
             )
             if job.status.cost == cost:
                 return None

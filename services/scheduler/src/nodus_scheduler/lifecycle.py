@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -31,6 +32,8 @@ from nodus_schema.wire import API_VERSION
 
 log = logging.getLogger(__name__)
 JOB_LABEL = "nodus.dev/job"
+# Attempts (and ledger entries) of a deleted Job must never count for a new Job of the same name.
+JOB_UID_LABEL = "nodus.dev/job-uid"
 DEFAULT_BACKOFF_LIMIT = 6
 DEFAULT_MAX_ATTEMPTS = 3
 # Even with no event, look at every unfinished Job this often (a safety net, not the trigger).
@@ -78,25 +81,38 @@ class Lifecycle:
 
     async def reconcile(self, key: tuple[str, str]) -> float | None:
         ns, name = key
-        attempts = await self._attempts_of(ns, name)
+        named = await self._attempts_of(ns, name)
         try:
             job = await self.jobs.get(ns, name)
         except NotFound:
             # The Job was deleted (or its Sweep was): nothing of it may keep running.
-            await self._stop(attempts, "JobDeleted")
+            await self._stop(named, "JobDeleted")
             self.waiting.discard(key)
             return None
+        attempts = [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) == job.metadata.uid]
+        # Leftovers of an earlier Job of the same name: stop them, never count them.
+        await self._stop([a for a in named if a not in attempts], "JobDeleted")
         if job.status.phase in TERMINAL_PHASES:
             await self._stop(attempts, "JobFinished")
             self.waiting.discard(key)
             return None
         await self._mark_lost(attempts)
+        halt = self._halt_reason(job)
+        if halt:
+            # Cancelled, Suspended or past the deadline: what runs stops (the agent reports Stopped).
+            await self._stop(attempts, halt)
         view = summarize(attempts)
         for a in view.active.values():
             if a.status.phase == "Pending":
                 await self._assign(job, a)
         message = await self._step(job, view)
-        view = summarize(await self._attempts_of(ns, name))
+        view = summarize(
+            [
+                a
+                for a in await self._attempts_of(ns, name)
+                if a.metadata.labels.get(JOB_UID_LABEL) == job.metadata.uid
+            ]
+        )
         status = self._status(job, view, message)
         if status.phase in TERMINAL_PHASES:
             await self._stop(list(view.active.values()), status.reason or "JobFinished")
@@ -110,7 +126,7 @@ class Lifecycle:
     async def _step(self, job: Job, view: View) -> str | None:
         """Start Attempts for indexes that need one, up to parallelism. Returns why one could not start."""
         spec = job.spec
-        if spec.state in ("Cancelled", "Suspended") or self._over_backoff(job, view):
+        if self._halt_reason(job) or self._over_backoff(job, view):
             return None
         completions, parallelism = spec.completions or 1, spec.parallelism or 1
         max_attempts = (spec.recovery.max_attempts if spec.recovery else None) or DEFAULT_MAX_ATTEMPTS
@@ -142,9 +158,9 @@ class Lifecycle:
         meta = job.metadata
         attempt = Attempt(
             metadata=ObjectMeta(
-                name=attempt_name(meta.name or "", index, attempt_no),
+                name=attempt_name(meta.name or "", meta.uid or "", index, attempt_no),
                 namespace=meta.namespace,
-                labels={JOB_LABEL: meta.name or ""},
+                labels={JOB_LABEL: meta.name or "", JOB_UID_LABEL: meta.uid or ""},
                 owner_references=[
                     OwnerReference(
                         api_version=API_VERSION,
@@ -182,9 +198,9 @@ class Lifecycle:
 
     async def _assign(self, job: Job, attempt: Attempt) -> None:
         spec = job.spec
-        timeout = None
-        if spec.timeout:
-            timeout = int(parse_duration(spec.timeout).total_seconds())
+        left = self._deadline_left(job)
+        # The agent enforces what is left of the Job's timeout on this run (the Job's clock, not the run's).
+        timeout = None if left is None else max(1, math.ceil(left))
         message = StartAttempt(
             namespace=attempt.metadata.namespace or "",
             job=job.metadata.name or "",
@@ -241,6 +257,25 @@ class Lifecycle:
             if not alive:
                 await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", _lost)
 
+    def _deadline_left(self, job: Job) -> float | None:
+        """Seconds left of spec.timeout, counted from the Job's start (time Suspended is not excluded yet)."""
+        if not job.spec.timeout:
+            return None
+        total = parse_duration(job.spec.timeout).total_seconds()
+        if not job.status.start_time:
+            return total
+        from datetime import UTC, datetime
+
+        from nodus_schema.meta import parse_time
+
+        return total - (datetime.now(UTC) - parse_time(job.status.start_time)).total_seconds()
+
+    def _halt_reason(self, job: Job) -> str | None:
+        if job.spec.state in ("Cancelled", "Suspended"):
+            return job.spec.state
+        left = self._deadline_left(job)
+        return "DeadlineExceeded" if left is not None and left <= 0 else None
+
     def _over_backoff(self, job: Job, view: View) -> bool:
         limit = job.spec.backoff_limit if job.spec.backoff_limit is not None else DEFAULT_BACKOFF_LIMIT
         return view.failures > limit
@@ -287,6 +322,8 @@ class Lifecycle:
     ) -> tuple[str, str | None, str]:
         if job.spec.state == "Cancelled" and not view.active:
             return "Cancelled", "Cancelled", "the Job was cancelled"
+        if self._halt_reason(job) == "DeadlineExceeded" and not view.active:
+            return "Failed", "DeadlineExceeded", f"the Job ran past its timeout of {job.spec.timeout}"
         if self._over_backoff(job, view) and not view.active:
             limit = job.spec.backoff_limit if job.spec.backoff_limit is not None else DEFAULT_BACKOFF_LIMIT
             return (

@@ -17,6 +17,7 @@ from nodus_kit.errors import AlreadyExists, NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
 from nodus_schema.costs import Cost
+from nodus_schema.defaulting import default_job
 from nodus_schema.expanding import Cell, cell_job, expand
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import Condition, now_rfc3339, set_condition
@@ -38,7 +39,7 @@ class SweepReconciler:
         try:
             sweep = await self.sweeps.get(ns, name)
         except NotFound:
-            await self._collect(ns, cell_jobs)
+            await self._collect(ns, name, cell_jobs)
             return None
         # Only Jobs this Sweep owns count: a same-named Sweep created after a delete must not adopt old cells.
         owned = {
@@ -53,9 +54,15 @@ class SweepReconciler:
         await self._write(sweep, status)
         return None
 
-    async def _collect(self, ns: str, cell_jobs: list[Job]) -> None:
-        """The Sweep is gone: its cells go too (ownerReferences, as Kubernetes' garbage collector does)."""
+    async def _collect(self, ns: str, name: str, cell_jobs: list[Job]) -> None:
+        """The Sweep is gone: its cells go too (ownerReferences, as Kubernetes' garbage collector does).
+
+        Only Jobs that still name a Sweep of this name as owner: cells orphaned on purpose
+        (propagationPolicy=Orphan removes the reference) stay.
+        """
         for job in cell_jobs:
+            if not any(o.kind == "Sweep" and o.name == name for o in job.metadata.owner_references):
+                continue
             try:
                 await self.jobs.delete(ns, job.metadata.name or "")
             except NotFound:
@@ -87,7 +94,8 @@ class SweepReconciler:
             if cell.index in owned:
                 continue
             try:
-                owned[cell.index] = await self.jobs.create(cell_job(sweep, cell))
+                # Defaulted as a Job the gateway admitted would be (the GPU request of the cell included).
+                owned[cell.index] = await self.jobs.create(default_job(cell_job(sweep, cell)))
                 log.info("cell created", extra={"sweep": sweep.metadata.name, "cell": cell.index})
             except AlreadyExists:
                 owned[cell.index] = await self.jobs.get(
@@ -107,7 +115,8 @@ class SweepReconciler:
             cost=Cost(
                 total_usd=micros_to_usd(total),
                 limit_usd=sweep.spec.max_cost_usd,
-                final=phase in TERMINAL_PHASES and all(_final(owned.get(r.index)) for r in rows),
+                final=phase in TERMINAL_PHASES
+                and all(_final(owned[r.index]) for r in rows if r.index in owned),
             ),
             phase=phase,
             reason=reason,
