@@ -12,6 +12,7 @@ import contextlib
 import logging
 
 from nodus_billing.metering import Metering
+from nodus_billing.quoting import serve_quotes
 from nodus_kit.controlling import Controller, Source
 from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer
@@ -37,6 +38,7 @@ class BillingService(Service):
             handler=self.metering.handle,
         )
         await self.reports.start()
+        self.quotes = await serve_quotes(self.bus)  # nodus.rpc.billing.quote (ADR-031)
         self.finalizer = Controller(
             "billing-final",
             self.metering.finalize,

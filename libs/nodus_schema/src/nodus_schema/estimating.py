@@ -1,0 +1,453 @@
+"""Estimates (ADR-031): the bus messages of a dry-run, and the pure arithmetic behind ``status.estimate``.
+
+Who does what: the gateway asks the scheduler (``nodus.rpc.scheduler.estimate``) for the capacity, the
+rates and the duration bands of every *slot* of the request, then hands that plan to billing
+(``nodus.rpc.billing.quote``), which prices it and answers the finished :class:`Estimate`. Both replies are
+:class:`EstimateReply`; each message is one struct (a workflow engine's rule that keeps old and new callers
+compatible: fields are added, parameters never).
+
+Every amount is integer micro-dollars inside and a decimal USD string on the wire; every charge goes
+through :func:`nodus_schema.ledger.charge_micros` (rounded up), so an estimate is never below what the
+ledger would charge for the same times. No float anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+import msgspec
+
+from nodus_schema.catalog import Offering
+from nodus_schema.costs import DurationBand, Estimate, StartupEstimate, USDBand
+from nodus_schema.jobs import JobSpec
+from nodus_schema.ledger import charge_micros
+from nodus_schema.meta import format_time
+from nodus_schema.quantities import (
+    duration_micros,
+    format_duration,
+    micros_to_usd,
+    parse_duration,
+    usd_to_micros,
+)
+from nodus_schema.sweeps import SweepSpec
+from nodus_schema.wire import Wire
+
+__all__ = [
+    "BILLING_INCREMENT",
+    "DEFAULT_ASSEMBLY_RETRIES",
+    "DEFAULT_ASSEMBLY_TIMEOUT",
+    "DEFAULT_COLD_STARTUP",
+    "DEFAULT_EXPECTED_DURATION",
+    "DEFAULT_MAX_PARALLEL",
+    "DEFAULT_WARM_STARTUP",
+    "ESTIMATE_SUBJECT",
+    "ESTIMATE_VALIDITY",
+    "FUNDING_PERIOD",
+    "QUOTE_SUBJECT",
+    "RATE_CEILING_ANNOTATION",
+    "RATE_TOLERANCE_PERCENT",
+    "EstimateBinding",
+    "EstimateReply",
+    "EstimateRequest",
+    "Money",
+    "QuoteRequest",
+    "SlotPlan",
+    "apply_money",
+    "billed_millis",
+    "bind_estimate",
+    "charge_for",
+    "duration_band",
+    "estimate_etag",
+    "member_hold_micros",
+    "minimum_charge_micros",
+    "p90_of",
+    "parse_estimate_etag",
+    "price",
+    "rate_ceiling_micros",
+    "run_cost_micros",
+    "startup_of",
+    "valid_until",
+    "within_rate_bound",
+]
+
+# ---------------------------------------------------------------------------------------------------------
+# Subjects and the constants ADR-031 fixes
+# ---------------------------------------------------------------------------------------------------------
+
+ESTIMATE_SUBJECT: Final = "nodus.rpc.scheduler.estimate"
+"""Request/reply, queue group ``scheduler``: EstimateRequest -> EstimateReply (capacity and times)."""
+QUOTE_SUBJECT: Final = "nodus.rpc.billing.quote"
+"""Request/reply, queue group ``billing``: QuoteRequest -> EstimateReply (the priced estimate)."""
+
+DEFAULT_EXPECTED_DURATION: Final = timedelta(hours=1)
+"""The run time assumed when spec.expectedDuration is unset: one funding period, so the hold is the same
+whether or not the user guessed, and a round number people read as "a guess"."""
+P90_NUMERATOR: Final = 3
+P90_DENOMINATOR: Final = 2
+"""p90 = 1.5 × p50. A declared duration is a median at best (people quote the run that went well); half
+again covers the usual tail (slow data loading, a retry, a cold cache) without per-user history. When run
+history exists it replaces this factor; the rule stays the fallback."""
+DEFAULT_COLD_STARTUP: Final = (timedelta(minutes=2), timedelta(minutes=5))
+"""Cold start (p50, p90) when the offering has no startup bands: image pull and container start."""
+DEFAULT_WARM_STARTUP: Final = (timedelta(seconds=10), timedelta(seconds=30))
+"""Warm start (p50, p90) on capacity kept warm by scaledownWindow: container start only."""
+BILLING_INCREMENT: Final = timedelta(seconds=1)
+"""The ledger bills whole seconds per allocation: the rounding a minimum charge stands for."""
+FUNDING_PERIOD: Final = timedelta(hours=1)
+"""A hold funds at most this much of one allocation; billing renews it before it runs out."""
+ESTIMATE_VALIDITY: Final = timedelta(minutes=15)
+"""How long the prices of an estimate are current (validUntil = now + this)."""
+RATE_TOLERANCE_PERCENT: Final = 10
+"""A create bound by If-Match is never placed above the estimate's rate plus this many percent."""
+RATE_CEILING_ANNOTATION: Final = "nodus.dev/rate-ceiling-micros-per-hour"
+"""Set by the gateway on a create bound by If-Match (rate_ceiling_micros of the binding, decimal text); the
+scheduler places no node of the object (a Sweep's cells inherit it) above it. Users may not set it."""
+DEFAULT_MAX_PARALLEL: Final = 4
+"""A Sweep's maxParallel default (as defaulting.py sets it)."""
+DEFAULT_ASSEMBLY_TIMEOUT: Final = timedelta(minutes=15)
+DEFAULT_ASSEMBLY_RETRIES: Final = 2
+"""distributed.startupTimeout and maxAssemblyRetries defaults (the reference's)."""
+
+_HOUR_MS: Final = 3_600_000
+_ETAG_SCHEME: Final = "e1"
+
+# ---------------------------------------------------------------------------------------------------------
+# Messages
+# ---------------------------------------------------------------------------------------------------------
+
+
+class EstimateRequest(Wire):
+    """What to estimate: a Job spec or a Sweep spec, as the gateway would store it (defaulted)."""
+
+    namespace: str
+    kind: str
+    """Job or Sweep; the matching spec field is set."""
+    job_spec: JobSpec | None = None
+    sweep_spec: SweepSpec | None = None
+
+
+class SlotPlan(Wire):
+    """One distinct kind of run: a Job, or the cells of a Sweep that share a GPU request and a region.
+
+    A *slot* is one index of one cell (a gang's nodes together); an *allocation* is one node of one slot.
+    The scheduler fills it; billing prices it without needing the catalog.
+    """
+
+    label: str
+    """``job`` or the cells' ``<gpu>/<region>``, for messages."""
+    cells: int = 1
+    """Cells of the Sweep that share this slot (params × repetitions); 1 for a Job."""
+    first_cell: int = 0
+    """The index of the first such cell (cells start in index order)."""
+    offering: str | None = None
+    """None when nothing in the price book matches (then a blocking reason says so)."""
+    rate_micros_per_hour: int | None = None
+    """The offering's rate for one node."""
+    nodes: int = 1
+    """Gang size; 1 unless distributed."""
+    completions: int = 1
+    parallelism: int = 1
+    run: DurationBand = msgspec.field(default_factory=DurationBand)
+    """Run time of one index (Go durations)."""
+    boot: DurationBand = msgspec.field(default_factory=DurationBand)
+    """Startup of one allocation, billed as the Boot segment (the cold band: warm reuse is not promised)."""
+    max_cost_usd: str | None = msgspec.field(default=None, name="maxCostUSD")
+    """The cell Job's own cap (template.spec.maxCostUSD), if any."""
+    assembly_timeout: str | None = None
+    """Gangs only: distributed.startupTimeout, defaulted."""
+    assembly_tries: int | None = None
+    """Gangs only: 1 + distributed.maxAssemblyRetries, defaulted."""
+
+
+class EstimateReply(Wire):
+    """The answer of both endpoints: the estimate, and the scheduler's slot plan billing prices."""
+
+    estimate: Estimate = msgspec.field(default_factory=Estimate)
+    slots: list[SlotPlan] = msgspec.field(default_factory=list)
+
+
+class QuoteRequest(Wire):
+    """What billing prices: the original request (for caps) and the scheduler's reply to it."""
+
+    request: EstimateRequest
+    scheduled: EstimateReply
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Durations
+# ---------------------------------------------------------------------------------------------------------
+
+
+def p90_of(p50: timedelta) -> timedelta:
+    """p90 = 1.5 × p50, rounded up to the microsecond (exact integer arithmetic)."""
+    micros = duration_micros(p50)
+    return timedelta(microseconds=-(-micros * P90_NUMERATOR // P90_DENOMINATOR))
+
+
+def duration_band(expected: str | None, timeout: str | None = None) -> tuple[timedelta, timedelta, bool]:
+    """The run-time band of one index: (p50, p90, assumed).
+
+    p50 is spec.expectedDuration, else :data:`DEFAULT_EXPECTED_DURATION` (``assumed`` is then True);
+    p90 is 1.5 × p50. Both are capped at spec.timeout: the Job is stopped there (DeadlineExceeded), so no
+    run is billed longer. Raises ValueError for a duration that does not parse.
+    """
+    assumed = not expected
+    p50 = parse_duration(expected) if expected else DEFAULT_EXPECTED_DURATION
+    p90 = p90_of(p50)
+    if timeout:
+        limit = parse_duration(timeout)
+        if limit > timedelta(0):
+            p50, p90 = min(p50, limit), min(p90, limit)
+    return p50, p90, assumed
+
+
+def _band(pair: tuple[timedelta, timedelta]) -> DurationBand:
+    return DurationBand(p50=format_duration(pair[0]), p90=format_duration(pair[1]))
+
+
+def startup_of(offering: Offering | None) -> StartupEstimate:
+    """Startup bands of an offering: its own when the price book gives them, else the defaults.
+
+    The price book's Offering carries no startup bands yet; this reads a ``startup`` field as soon as one
+    exists, so the defaults stop applying without a change here.
+    """
+    own = getattr(offering, "startup", None)
+    if isinstance(own, StartupEstimate) and own.cold and own.warm:
+        return own
+    return StartupEstimate(cold=_band(DEFAULT_COLD_STARTUP), warm=_band(DEFAULT_WARM_STARTUP))
+
+
+def valid_until(now: datetime) -> str:
+    """validUntil: now + 15 minutes, RFC 3339."""
+    return format_time(now + ESTIMATE_VALIDITY)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Money (integer micro-dollars)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def billed_millis(td: timedelta) -> int:
+    """The billed time of ``td``: whole billing increments (1 s), rounded up, in milliseconds."""
+    inc = duration_micros(BILLING_INCREMENT)
+    increments = -(-duration_micros(td) // inc)
+    return max(0, increments) * (inc // 1000)
+
+
+def charge_for(rate_micros_per_hour: int, td: timedelta) -> int:
+    """What the ledger charges for ``td`` of one node at ``rate``: whole seconds, micro-dollars rounded up."""
+    return charge_micros(rate_micros_per_hour, billed_millis(td))
+
+
+def minimum_charge_micros(rate_micros_per_hour: int) -> int:
+    """minimumChargeUSD: one billing increment at the rate, rounded up (charged once per allocation)."""
+    return charge_for(rate_micros_per_hour, BILLING_INCREMENT)
+
+
+def run_cost_micros(rate_micros_per_hour: int, td: timedelta, allocations: int) -> int:
+    """``allocations`` node-runs of ``td`` each at ``rate``; each one rounded as the ledger rounds it."""
+    return charge_for(rate_micros_per_hour, td) * allocations
+
+
+def member_hold_micros(rate_micros_per_hour: int, boot_p90: timedelta, run_p90: timedelta) -> int:
+    """The first hold of one allocation: min(its p90 cost, one funding period at the rate).
+
+    A short run is held whole (boot + run at p90); a long one is held an hour at a time, renewed by billing.
+    """
+    whole = charge_for(rate_micros_per_hour, boot_p90 + run_p90)
+    return min(whole, charge_for(rate_micros_per_hour, FUNDING_PERIOD))
+
+
+def rate_ceiling_micros(rate_micros_per_hour: int) -> int:
+    """The highest node rate a create bound to this rate may be placed at: rate + 10 %, rounded down."""
+    return rate_micros_per_hour * (100 + RATE_TOLERANCE_PERCENT) // 100
+
+
+def within_rate_bound(bound_rate_micros: int, offered_rate_micros: int) -> bool:
+    """Whether an offering's rate respects a bound rate (+10 %), compared exactly (no rounding)."""
+    return offered_rate_micros * 100 <= bound_rate_micros * (100 + RATE_TOLERANCE_PERCENT)
+
+
+@dataclass(frozen=True, slots=True)
+class Money:
+    """The priced parts of an estimate, in micro-dollars (None: not applicable or not priceable)."""
+
+    cost_p50: int
+    cost_p90: int
+    overhead_p50: int
+    overhead_p90: int
+    hold: int
+    """The largest hold one slot takes alone: it must fit for every slot to be able to start."""
+    concurrent_hold: int
+    gang_hold: int | None
+    assembly_bound: int | None
+    minimum_charge: int
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotMoney:
+    cost_p50: int
+    cost_p90: int
+    overhead_p50: int
+    overhead_p90: int
+    slot_hold: int
+    """One index (all its nodes)."""
+    cell_hold: int
+    """One cell Job: min(parallelism, completions) slots at once."""
+    assembly: int | None
+    minimum_charge: int
+
+
+def _d(text: str | None, fallback: timedelta) -> timedelta:
+    return parse_duration(text) if text else fallback
+
+
+def _price_slot(slot: SlotPlan, rate: int) -> _SlotMoney:
+    run50 = _d(slot.run.p50, DEFAULT_EXPECTED_DURATION)
+    run90 = _d(slot.run.p90, p90_of(run50))
+    boot50 = _d(slot.boot.p50, DEFAULT_COLD_STARTUP[0])
+    boot90 = _d(slot.boot.p90, DEFAULT_COLD_STARTUP[1])
+    allocations = slot.nodes * slot.completions * slot.cells
+    over50 = run_cost_micros(rate, boot50, allocations)
+    over90 = run_cost_micros(rate, boot90, allocations)
+    slot_hold = member_hold_micros(rate, boot90, run90) * slot.nodes
+    at_once = max(1, min(slot.parallelism, slot.completions))
+    assembly = None
+    if slot.nodes > 1:
+        timeout = _d(slot.assembly_timeout, DEFAULT_ASSEMBLY_TIMEOUT)
+        tries = slot.assembly_tries or DEFAULT_ASSEMBLY_RETRIES + 1
+        # Every gang that starts at once, in every cell, may wait out every assembly try on all its nodes.
+        assembly = charge_for(rate, timeout) * slot.nodes * tries * at_once * slot.cells
+    return _SlotMoney(
+        cost_p50=run_cost_micros(rate, run50, allocations) + over50,
+        cost_p90=run_cost_micros(rate, run90, allocations) + over90,
+        overhead_p50=over50,
+        overhead_p90=over90,
+        slot_hold=slot_hold,
+        cell_hold=slot_hold * at_once,
+        assembly=assembly,
+        minimum_charge=minimum_charge_micros(rate),
+    )
+
+
+def price(slots: list[SlotPlan], *, max_parallel: int | None = None) -> Money | None:
+    """Price a slot plan; None when no slot has a rate (nothing in the price book matched).
+
+    cost = Σ allocations × (charge(run) + charge(boot)), per band, allocations = nodes × completions ×
+    cells. concurrentHold: for a Job, min(parallelism, completions) slots; for a Sweep (``max_parallel``
+    set), the maxParallel largest cell holds, since any cells may be the ones running together.
+    """
+    priced = [(s, _price_slot(s, s.rate_micros_per_hour)) for s in slots if s.rate_micros_per_hour]
+    if not priced:
+        return None
+    if max_parallel is None:
+        concurrent = sum(m.cell_hold for _, m in priced)
+    else:
+        holds = sorted((m.cell_hold for s, m in priced for _ in range(s.cells)), reverse=True)
+        concurrent = sum(holds[: max(1, max_parallel)])
+    gangs = [m.slot_hold for s, m in priced if s.nodes > 1]
+    assemblies = [m.assembly for _, m in priced if m.assembly is not None]
+    return Money(
+        cost_p50=sum(m.cost_p50 for _, m in priced),
+        cost_p90=sum(m.cost_p90 for _, m in priced),
+        overhead_p50=sum(m.overhead_p50 for _, m in priced),
+        overhead_p90=sum(m.overhead_p90 for _, m in priced),
+        hold=max(m.slot_hold for _, m in priced),
+        concurrent_hold=concurrent,
+        gang_hold=max(gangs) if gangs else None,
+        assembly_bound=sum(assemblies) if assemblies else None,
+        minimum_charge=max(m.minimum_charge for _, m in priced),
+    )
+
+
+def _usd(micros: int | None) -> str | None:
+    return None if micros is None else micros_to_usd(micros)
+
+
+def apply_money(estimate: Estimate, money: Money) -> Estimate:
+    """The estimate with billing's amounts written in, as canonical USD strings."""
+    return msgspec.structs.replace(
+        estimate,
+        cost_usd=USDBand(p50=_usd(money.cost_p50), p90=_usd(money.cost_p90)),
+        overhead_usd=USDBand(p50=_usd(money.overhead_p50), p90=_usd(money.overhead_p90)),
+        hold_usd=_usd(money.hold),
+        concurrent_hold_usd=_usd(money.concurrent_hold),
+        gang_hold_usd=_usd(money.gang_hold),
+        assembly_bound_usd=_usd(money.assembly_bound),
+        minimum_charge_usd=_usd(money.minimum_charge),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The ETag that binds a create to a dry-run
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateBinding:
+    """What an If-Match ETag binds a create to: the price book and node rate the dry-run used."""
+
+    pricebook_version: str
+    rate_micros_per_hour: int | None
+    """None when the estimate had no rate (it was blocked): no ceiling can be derived."""
+    digest: str
+
+
+def _digest(kind: str, pricebook: str, rate: int | None, spec: JobSpec | SweepSpec) -> str:
+    # Sorted keys and omitted defaults make equal specs encode to equal bytes: the canonical form.
+    body = msgspec.json.encode(spec, order="sorted")
+    head = f"{_ETAG_SCHEME}\n{kind}\n{pricebook}\n{'-' if rate is None else rate}\n".encode()
+    return hashlib.sha256(head + body).hexdigest()[:32]
+
+
+def _kind_of(spec: JobSpec | SweepSpec) -> str:
+    return "Sweep" if isinstance(spec, SweepSpec) else "Job"
+
+
+def estimate_etag(estimate: Estimate, spec: JobSpec | SweepSpec) -> str:
+    """The ETag header value of a dry-run: ``"e1:<rateMicros>:<pricebookVersion>:<digest>"``, quoted.
+
+    The rate and price book are in clear so the gateway can enforce the +10 % ceiling at create; the
+    digest (sha256 of them, the kind and the spec's canonical JSON) ties them to this exact spec. Hash
+    the spec the gateway stores (after defaulting), on dry-run and on create alike.
+    """
+    pricebook = estimate.pricebook_version or ""
+    rate = usd_to_micros(estimate.rate_usd_per_hour) if estimate.rate_usd_per_hour else None
+    digest = _digest(_kind_of(spec), pricebook, rate, spec)
+    return f'"{_ETAG_SCHEME}:{"-" if rate is None else rate}:{pricebook}:{digest}"'
+
+
+def parse_estimate_etag(etag: str) -> EstimateBinding | None:
+    """Read an ETag made by :func:`estimate_etag` (quotes optional); None if it is not one."""
+    text = etag.strip()
+    if text.startswith("W/"):
+        return None  # a weak validator never binds a price
+    text = text.strip('"')
+    scheme, _, rest = text.partition(":")
+    rate_text, _, rest = rest.partition(":")
+    pricebook, _, digest = rest.rpartition(":")
+    if scheme != _ETAG_SCHEME or not pricebook or len(digest) != 32:
+        return None
+    if rate_text == "-":
+        rate = None
+    elif rate_text.isdigit():
+        rate = int(rate_text)
+    else:
+        return None
+    return EstimateBinding(pricebook, rate, digest)
+
+
+def bind_estimate(if_match: str, spec: JobSpec | SweepSpec) -> EstimateBinding | None:
+    """The binding an If-Match value gives this create, or None (answer 412 PreconditionFailed).
+
+    None when the value is not an estimate ETag or was made for another spec (the spec changed since the
+    dry-run). The price book may have moved on since: the binding still holds (the +10 % rule).
+    """
+    binding = parse_estimate_etag(if_match)
+    if binding is None:
+        return None
+    expected = _digest(_kind_of(spec), binding.pricebook_version, binding.rate_micros_per_hour, spec)
+    return binding if expected == binding.digest else None
