@@ -86,6 +86,11 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket("accounts", "Billing accounts and balances (owner: billing)"),
     Bucket("ledger", "Billing ledger: one entry per charge, keyed by what was charged (owner: billing)"),
     Bucket("leases", "Leader-election leases of controller replicas", msg_ttl=True),
+    Bucket("secrets", "Secret objects with their values; read by the api-gateway only (owner: api-gateway)"),
+    Bucket("connections", "Connection objects: S3 and PostgreSQL endpoints (owner: api-gateway)"),
+    Bucket("offerings", "Offering objects: the published price book (owner: scheduler)"),
+    Bucket("tokens", "Bearer tokens by id: the hash of the secret and the roles (owner: api-gateway)"),
+    Bucket("projects", "Projects: the namespaces objects live in (owner: api-gateway)"),
 )
 
 STREAMS: tuple[Stream, ...] = (

@@ -1,29 +1,177 @@
-"""Admission of a create: decode strictly, set what the server owns, default, validate, as Kubernetes does.
+"""Admission of a write: decode, set what the server owns, default, validate, as Kubernetes does.
 
 Every problem of one kind is reported at once, with its field path: all type errors and unknown fields
-together (Kubernetes' ``fieldValidation=Strict``, with "did you mean"), then all rule violations.
-Decoding problems come first because the rules need a typed object to run on.
+together (``fieldValidation=Strict``, with "did you mean"), then all rule violations. Decoding problems
+come first because the rules need a typed object to run on. An update (PUT, every patch, an apply) also
+runs the update rules (immutable fields, raise-only caps), keeps the stored status and identity, and
+moves metadata.generation on a spec change only.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final
 
 import msgspec
 
 from nodus_gateway.resources import Resource
 from nodus_gateway.responding import ApiError, invalid
-from nodus_schema import API_VERSION, decode
+from nodus_schema import API_VERSION, CauseType, Decoded, FieldError, Job, Sweep, decode, to_builtins
+from nodus_schema.meta import ManagedFieldsEntry, now_rfc3339
+from nodus_schema.updating import validate_update
 
 # The alphabet Kubernetes uses for generateName suffixes: no vowels (no words), no look-alikes (0/o, 1/l).
 _SUFFIX_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
 _SUFFIX_LEN: Final = 5
+# What a spec change is compared on: everything but these (Kubernetes bumps a custom resource's
+# generation on any change outside metadata and status).
+_NOT_SPEC: Final = frozenset({"apiVersion", "kind", "metadata", "status"})
 
 
-def admit_create(res: Resource, data: Any, namespace: str) -> Any:
+class FieldValidation(StrEnum):
+    """``?fieldValidation=``: what an unknown field in a body does, as in Kubernetes."""
+
+    STRICT = "Strict"
+    """422 Invalid, every unknown field listed with its "did you mean"."""
+    WARN = "Warn"
+    """Accepted; each unknown field comes back as a ``Warning: 299`` header."""
+    IGNORE = "Ignore"
+    """Accepted silently."""
+
+
+def field_validation(value: str | None) -> FieldValidation:
+    """The parameter's value. Absent means Strict here, where Kubernetes' server default is Warn: kubectl
+    sends Strict anyway (``--validate=strict``), and the nodus CLI and curl users get the typo caught."""
+    if value is None or value == "":
+        return FieldValidation.STRICT
+    try:
+        return FieldValidation(value)
+    except ValueError:
+        allowed = ", ".join(v.value for v in FieldValidation)
+        raise ApiError.of(
+            "BadRequest",
+            f'fieldValidation "{value}" is not supported: it must be one of {allowed}',
+            fix="Send fieldValidation=Strict (the default), Warn or Ignore.",
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The object to store, and the warnings to send back with it (``Warning: 299`` headers)."""
+
+    obj: Any
+    warnings: tuple[str, ...] = ()
+
+
+def admit_create(res: Resource, data: Any, namespace: str | None) -> Any:
     """The object to store for a create of ``data`` (parsed JSON) in ``namespace``; raises ApiError."""
+    return admit(res, data, namespace).obj
+
+
+def admit(
+    res: Resource, data: Any, namespace: str | None, validation: FieldValidation = FieldValidation.STRICT
+) -> Admitted:
+    """Admission of a create: :func:`admit_create`, with unknown fields treated per ``validation``."""
+    name = _check_body(res, data, namespace)
+    decoded = _decode(res, data, name, validation)
+    obj = res.default(_server_owned(decoded.value, namespace))
+    errors = res.validate(obj)
+    if errors:
+        raise invalid(res, name, errors)
+    return Admitted(obj, _warnings(decoded, validation))
+
+
+def admit_update(
+    res: Resource,
+    data: Any,
+    old: Any,
+    *,
+    validation: FieldValidation = FieldValidation.STRICT,
+    require_resource_version: bool = True,
+) -> Admitted:
+    """Admission of an update of ``old`` into ``data`` (a PUT body, or the stored object with a patch
+    applied), as Kubernetes' update path runs it: decode, keep what the server owns, default, validate
+    the object and the change, and bump metadata.generation when the spec changed. The result carries
+    the body's resourceVersion, so storing it is a compare-and-set against what the caller read."""
+    namespace, name = old.metadata.namespace, old.metadata.name
+    body_name = _check_body(res, data, namespace)
+    if body_name not in (None, name):
+        raise ApiError.of(
+            "BadRequest",
+            f'the name of the object ("{body_name}") does not match the name on the URL ("{name}")',
+            name=name,
+            kind=res.kind,
+            fix="A name cannot change: create an object with the new name, then delete the old one.",
+        )
+    meta = data.get("metadata")
+    rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    if require_resource_version and not rv:
+        raise invalid(
+            res,
+            name,
+            [
+                FieldError(
+                    "metadata.resourceVersion",
+                    CauseType.INVALID,
+                    "Invalid value: 0x0: must be specified for an update",
+                )
+            ],
+        )
+    decoded = _decode(res, data, name, validation)
+    _check_uid(res, decoded.value, old)
+    new = res.default(_kept_from(decoded.value, old))
+    errors = res.validate(new) + update_errors(res, old, new)
+    if errors:
+        raise invalid(res, name, errors)
+    return Admitted(_with_generation(new, old, res), _warnings(decoded, validation))
+
+
+def update_errors(res: Resource, old: Any, new: Any) -> list[FieldError]:
+    """What is wrong with the change itself: immutable fields, raise-only caps (the reference's rules).
+
+    A resource row may bring its own rules (a ``validate_update`` attribute); Sweeps and Jobs have
+    nodus_schema's; a kind with neither has no rules beyond its identity (checked by the caller)."""
+    own = getattr(res, "validate_update", None)
+    if callable(own):
+        return list(own(old, new))
+    if isinstance(old, Sweep | Job):
+        return validate_update(old, new)
+    return []
+
+
+def with_apply_manager(obj: Any, manager: str, patch: Mapping[str, Any]) -> Any:
+    """``obj`` with ``manager``'s Apply entry in metadata.managedFields (replacing its previous one), as
+    server-side apply records it: the fields the manager set, in Kubernetes' FieldsV1 form."""
+    entry = ManagedFieldsEntry(
+        manager=manager,
+        operation="Apply",
+        api_version=API_VERSION,
+        time=now_rfc3339(),
+        fields_type="FieldsV1",
+        fields_v1=_fields_v1({k: v for k, v in patch.items() if k not in ("apiVersion", "kind")}),
+    )
+    others = [m for m in obj.metadata.managed_fields if not (m.manager == manager and m.operation == "Apply")]
+    meta = msgspec.structs.replace(obj.metadata, managed_fields=[*others, entry])
+    return msgspec.structs.replace(obj, metadata=meta)
+
+
+def _fields_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"spec": {"maxParallel": 3}}`` → ``{"f:spec": {"f:maxParallel": {}}}`` (lists are leaves: a
+    Nodus list is owned whole, as an atomic list is in Kubernetes)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "metadata" and isinstance(value, Mapping):
+            # Identity and versions are the server's; a manager owns labels, annotations and the like.
+            value = {k: v for k, v in value.items() if k not in ("name", "namespace", "resourceVersion")}
+        out[f"f:{key}"] = _fields_v1(value) if isinstance(value, Mapping) else {}
+    return out
+
+
+def _check_body(res: Resource, data: Any, namespace: str | None) -> str | None:
+    """The body is an object of this kind in this namespace; returns its metadata.name, if any."""
     if not isinstance(data, Mapping):
         raise ApiError.of(
             "BadRequest", f"the request body must be a JSON object (a {res.kind}), not {_json_kind(data)}"
@@ -41,17 +189,81 @@ def admit_create(res: Resource, data: Any, namespace: str) -> Any:
             kind=res.kind,
             fix=f"Drop metadata.namespace from the object, or send it to /namespaces/{body_ns}/.",
         )
+    return name
+
+
+def _decode(
+    res: Resource, data: Mapping[str, Any], name: str | None, validation: FieldValidation
+) -> Decoded[Any]:
+    """The typed object, or 422 with every type error (and, under Strict, every unknown field) at once."""
     # Users never write status: it is the controllers'. Dropped before decoding, so a status in the body
     # (say, from `nodus get -o yaml`) is neither stored nor able to fail the request.
     decoded = decode({k: v for k, v in data.items() if k != "status"}, res.object_type)
-    causes = decoded.errors + decoded.unknown_errors()
+    causes = decoded.errors + (decoded.unknown_errors() if validation is FieldValidation.STRICT else [])
     if causes or decoded.value is None:
         raise invalid(res, name, causes)
-    obj = res.default(_server_owned(decoded.value, namespace))
-    errors = res.validate(obj)
-    if errors:
-        raise invalid(res, name, errors)
-    return obj
+    return decoded
+
+
+def _warnings(decoded: Decoded[Any], validation: FieldValidation) -> tuple[str, ...]:
+    """Kubernetes' wording for an unknown field under fieldValidation=Warn: the whole path."""
+    if validation is not FieldValidation.WARN:
+        return ()
+    out = []
+    for path in decoded.unknown:
+        hint = decoded.suggestion(path)
+        out.append(f'unknown field "{path}"' + (f'; did you mean "{hint}"?' if hint else ""))
+    return tuple(out)
+
+
+def _check_uid(res: Resource, new: Any, old: Any) -> None:
+    """A uid in the body is a precondition, as in Kubernetes: a different one means the object was
+    deleted and created again since the caller read it."""
+    if new.metadata.uid and new.metadata.uid != old.metadata.uid:
+        raise ApiError.of(
+            "Conflict",
+            f"Precondition failed: UID in precondition: {new.metadata.uid}, UID in object meta: "
+            f"{old.metadata.uid}",
+            name=old.metadata.name,
+            kind=res.plural,
+            fix="The object was deleted and created again: get it again and reapply your change.",
+        )
+
+
+def _kept_from(new: Any, old: Any) -> Any:
+    """``new`` with what only the server writes taken from ``old``: identity, timestamps, managed fields
+    and the status (users never write status; the update path keeps the stored one, as Kubernetes' does
+    for a resource with a status subresource)."""
+    meta = msgspec.structs.replace(
+        new.metadata,
+        name=old.metadata.name,
+        namespace=old.metadata.namespace,
+        uid=old.metadata.uid,
+        creation_timestamp=old.metadata.creation_timestamp,
+        deletion_timestamp=old.metadata.deletion_timestamp,
+        deletion_grace_period_seconds=old.metadata.deletion_grace_period_seconds,
+        generation=old.metadata.generation,
+        managed_fields=old.metadata.managed_fields,
+        self_link=None,
+    )
+    kept = msgspec.structs.replace(new, metadata=meta)
+    if "status" in type(old).__struct_fields__:
+        kept = msgspec.structs.replace(kept, status=old.status)
+    return kept
+
+
+def _with_generation(new: Any, old: Any, res: Resource) -> Any:
+    """metadata.generation + 1 when anything outside metadata and status changed (never on a status or
+    metadata-only change), as Kubernetes does; the controllers answer with status.observedGeneration."""
+    generation = old.metadata.generation or 1
+    if _spec_of(new) != _spec_of(res.default(old)):
+        generation += 1
+    meta = msgspec.structs.replace(new.metadata, generation=generation)
+    return msgspec.structs.replace(new, metadata=meta)
+
+
+def _spec_of(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in to_builtins(obj).items() if k not in _NOT_SPEC}
 
 
 def _check_type_meta(res: Resource, data: Mapping[str, Any]) -> None:
@@ -71,7 +283,7 @@ def _check_type_meta(res: Resource, data: Mapping[str, Any]) -> None:
         )
 
 
-def _server_owned(obj: Any, namespace: str) -> Any:
+def _server_owned(obj: Any, namespace: str | None) -> Any:
     """Reset what only the server writes, as Kubernetes' BeforeCreate does: identity, versions, status."""
     meta = msgspec.structs.replace(
         obj.metadata,
@@ -85,6 +297,8 @@ def _server_owned(obj: Any, namespace: str) -> Any:
         self_link=None,
         managed_fields=[],
     )
+    if "status" not in type(obj).__struct_fields__:
+        return msgspec.structs.replace(obj, metadata=meta)
     return msgspec.structs.replace(obj, metadata=meta, status=type(obj.status)())
 
 

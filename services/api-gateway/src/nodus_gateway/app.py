@@ -11,13 +11,20 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from nodus_gateway.admin import admin_router
 from nodus_gateway.auth import BearerAuth
+from nodus_gateway.clusterrouting import cluster_router
 from nodus_gateway.config import MAX_BODY_BYTES
+from nodus_gateway.discovery import discovery_router
+from nodus_gateway.openapi import openapi_router
+from nodus_gateway.principals import Principals
 from nodus_gateway.requesting import RequestContext
 from nodus_gateway.resources import Stores
 from nodus_gateway.responding import ApiError, bus_unavailable, reason_for_code, status_response
 from nodus_gateway.routing import API_PREFIX, api_router
+from nodus_gateway.secreting import secret_router
 from nodus_gateway.system import VERSION, system_router
+from nodus_gateway.tabling import TableResponses
 from nodus_kit import errors as kit
 from nodus_schema import CauseType, FieldError, status_for
 
@@ -33,15 +40,29 @@ def build_app(
     admin_token: str,
     ready: Callable[[], bool] = lambda: True,
     max_body_bytes: int = MAX_BODY_BYTES,
+    principals: Principals | None = None,
 ) -> FastAPI:
+    """``principals`` holds minted tokens and projects; without it only the admin token is accepted and
+    the projects and tokens endpoints are not served."""
     # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
     # Kubernetes' shape, which the full API serves with discovery.
     app = FastAPI(title="Nodus API", version=VERSION, openapi_url=None, docs_url=None, redoc_url=None)
     app.include_router(system_router(ready))
+    app.include_router(discovery_router())
+    app.include_router(openapi_router())
+    # Rows served by modules of their own (resources.Resource.served_by) come before the generic routes,
+    # so that theirs answer first on any path both would serve.
+    app.include_router(cluster_router(stores))
+    app.include_router(secret_router(stores, max_body_bytes=max_body_bytes))
     app.include_router(api_router(stores, max_body_bytes=max_body_bytes))
+    if principals is not None:
+        app.include_router(admin_router(principals, stores, max_body_bytes=max_body_bytes))
     _install_error_handlers(app)
+    # Innermost: a GET of a resource that asks for a Table (kubectl get) gets its list, object or watch
+    # events as Tables, whichever route wrote them (tabling.TableResponses says why it is a middleware).
+    app.add_middleware(TableResponses)
     # Added last runs first: the request context wraps authentication, so a 401 has its request id too.
-    app.add_middleware(BearerAuth, token=admin_token)
+    app.add_middleware(BearerAuth, token=admin_token, principals=principals)
     app.add_middleware(RequestContext)
     return app
 
@@ -67,8 +88,6 @@ def _install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             allowed = headers.get("allow", headers.get("Allow", ""))
             fix = f"This path allows {allowed}." if allowed else "Use a verb this path supports."
-            if request.method in ("PUT", "PATCH"):
-                fix = f"Updates (PUT, PATCH) come with the full API. {fix}"
             status = status_for(
                 "MethodNotAllowed",
                 f"the server does not allow this method ({request.method}) on the requested resource",

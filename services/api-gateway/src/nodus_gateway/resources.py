@@ -1,21 +1,64 @@
 """The resource table: what the API serves, and for each resource its bucket, types and admission rules.
 
-Adding a resource (Workspaces, Volumes, ...) is one row here; routing, admission, discovery (later) and
-the error messages all read the row.
+Adding a resource (Workspaces, Volumes, ...) is one row here; routing, admission, discovery and the error
+messages all read the row. Besides the types and rules, a row says what discovery advertises and what
+the routes must honour:
+
+* ``namespaced``: objects live in a project (``/namespaces/{ns}/<plural>``) or at the cluster scope
+  (``/<plural>``, stored under the key ``_.<name>``);
+* ``verbs``: the Kubernetes verbs the resource supports; ``read_only`` rows support reading only and
+  are written by a service (``written_by``), never through the API;
+* ``redact``: removes write-only fields (a Secret's values) from an object before it leaves the API; every
+  response and watch event of the row must pass its objects through it;
+* ``served_by``: the module whose routes serve the row. The generic routes (routing.py) serve the rows
+  of ``"routing"``; the others have routes of their own and the generic ones must skip them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from nats.aio.client import Client as NATS
 
 from nodus_kit.storing import ObjectStore
-from nodus_schema import API_GROUP, FieldError, Job, JobList, Sweep, SweepList
+from nodus_schema import API_GROUP, CauseType, FieldError, Job, JobList, Sweep, SweepList
+from nodus_schema.attempts import Attempt
+from nodus_schema.configs import (
+    Connection,
+    ConnectionList,
+    Secret,
+    SecretList,
+    default_connection,
+    default_secret,
+    redact_secret,
+    validate_connection,
+    validate_secret,
+)
 from nodus_schema.defaulting import default_job, default_sweep
+from nodus_schema.listing import AttemptList, NodeList
+from nodus_schema.nodes import Node
+from nodus_schema.offerings import Offering, OfferingList
 from nodus_schema.validating import MAX_JOB_NAME, MAX_SWEEP_NAME, validate_job, validate_sweep
+
+ALL_VERBS: Final = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+READ_VERBS: Final = ("get", "list", "watch")
+CATEGORIES: Final = ("all", "nodus")
+"""``kubectl get all`` lists the rows in "all"; Secrets, Connections and the cluster-scoped catalog are
+left out of it, as Kubernetes leaves Secrets out."""
+NODUS_ONLY: Final = ("nodus",)
+# Names the scheduler derives (``<job>-<index>-a<attempt>``) can pass 63 characters; still one NATS token.
+MAX_DERIVED_NAME: Final = 253
+
+
+# The generic routes (routing.py) serve namespaced rows only: cluster-scoped read-only rows are
+# clusterrouting.py's, which serves get and list (watch joins when the generic routes serve them).
+_CLUSTER_SERVED: Final = ("get", "list")
+
+
+def _unchanged(obj: Any) -> Any:
+    return obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +75,23 @@ class Resource:
     validate: Callable[[Any], list[FieldError]]
     max_name: int
     short_names: tuple[str, ...] = ()
+    namespaced: bool = True
+    verbs: tuple[str, ...] = ALL_VERBS
+    read_only: bool = False
+    written_by: str | None = None
+    """Who writes a read-only resource (for the fix of a 405): "the scheduler", "node agents"."""
+    categories: tuple[str, ...] = CATEGORIES
+    subresources: tuple[str, ...] = ()
+    redact: Callable[[Any], Any] = _unchanged
+    """Write-only fields out: applied to every object of the row before it is returned."""
+    served_by: str = "routing"
+
+    def __post_init__(self) -> None:
+        unknown = set(self.verbs) - set(ALL_VERBS)
+        if unknown:
+            raise ValueError(f"{self.plural}: unknown verbs {sorted(unknown)}")
+        if self.read_only and not set(self.verbs) <= set(READ_VERBS):
+            raise ValueError(f"{self.plural}: a read-only resource supports only {READ_VERBS}")
 
     @property
     def group_resource(self) -> str:
@@ -42,6 +102,40 @@ class Resource:
     def group_kind(self) -> str:
         """``Sweep.nodus.dev``: how Kubernetes names a kind in Invalid messages."""
         return f"{self.kind}.{API_GROUP}"
+
+
+def _written_by(plural: str, who: str) -> Callable[[Any], list[FieldError]]:
+    """The rules of a read-only row: every object is refused. A net under the routes, which already answer
+    405 to writes, in case a generic write path reaches the row."""
+
+    def refuse(_: Any) -> list[FieldError]:
+        message = f"Forbidden: {plural} are written by {who}, not through the API"
+        return [FieldError("", CauseType.FORBIDDEN, message)]
+
+    return refuse
+
+
+def _read_only(
+    plural: str, singular: str, kind: str, obj: type[Any], lst: type[Any], who: str, **kw: Any
+) -> Resource:
+    """A row written by a service: the generic routes serve it when namespaced, clusterrouting.py when
+    cluster-scoped; clusterrouting.py answers every write with 405 and who writes it, in both cases."""
+    namespaced = kw.get("namespaced", True)
+    return Resource(
+        plural=plural,
+        singular=singular,
+        kind=kind,
+        bucket=plural,
+        object_type=obj,
+        list_type=lst,
+        default=_unchanged,
+        validate=_written_by(plural, who),
+        verbs=READ_VERBS if namespaced else _CLUSTER_SERVED,
+        read_only=True,
+        written_by=who,
+        served_by="routing" if namespaced else "clusterrouting",
+        **kw,
+    )
 
 
 RESOURCES: tuple[Resource, ...] = (
@@ -57,6 +151,7 @@ RESOURCES: tuple[Resource, ...] = (
         # Shorter than a Job's: cell Jobs are named <sweep>-<index> and must still fit.
         max_name=MAX_SWEEP_NAME,
         short_names=("sw",),
+        subresources=("status",),
     ),
     Resource(
         plural="jobs",
@@ -68,6 +163,62 @@ RESOURCES: tuple[Resource, ...] = (
         default=default_job,
         validate=validate_job,
         max_name=MAX_JOB_NAME,
+        subresources=("status",),
+    ),
+    _read_only(
+        "attempts", "attempt", "Attempt", Attempt, AttemptList, "the scheduler", max_name=MAX_DERIVED_NAME
+    ),
+    Resource(
+        plural="secrets",
+        singular="secret",
+        kind="Secret",
+        bucket="secrets",
+        object_type=Secret,
+        list_type=SecretList,
+        default=default_secret,
+        validate=validate_secret,
+        max_name=63,
+        categories=NODUS_ONLY,
+        # No watch (a watch would have to redact every event) and no deletecollection yet.
+        verbs=("create", "delete", "get", "list", "patch", "update"),
+        redact=redact_secret,
+        # Values are write-only and versioned: admission and responses of their own (secreting.py).
+        served_by="secreting",
+    ),
+    Resource(
+        plural="connections",
+        singular="connection",
+        kind="Connection",
+        bucket="connections",
+        object_type=Connection,
+        list_type=ConnectionList,
+        default=default_connection,
+        validate=validate_connection,
+        max_name=63,
+        short_names=("conn",),
+        categories=NODUS_ONLY,
+    ),
+    _read_only(
+        "nodes",
+        "node",
+        "Node",
+        Node,
+        NodeList,
+        "node agents",
+        max_name=MAX_DERIVED_NAME,
+        namespaced=False,
+        categories=NODUS_ONLY,
+    ),
+    _read_only(
+        "offerings",
+        "offering",
+        "Offering",
+        Offering,
+        OfferingList,
+        "the scheduler (from its price book)",
+        max_name=MAX_DERIVED_NAME,
+        namespaced=False,
+        categories=NODUS_ONLY,
     ),
 )
 
@@ -77,3 +228,11 @@ Stores = Mapping[str, ObjectStore[Any]]
 
 def stores_for(nc: NATS) -> dict[str, ObjectStore[Any]]:
     return {r.plural: ObjectStore(nc, r.bucket, r.object_type) for r in RESOURCES}
+
+
+def resource(plural: str) -> Resource:
+    """The row of ``plural``; KeyError for a resource the table does not have."""
+    for r in RESOURCES:
+        if r.plural == plural:
+            return r
+    raise KeyError(f"no resource {plural!r} in nodus_gateway.resources.RESOURCES")

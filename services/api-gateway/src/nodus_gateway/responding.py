@@ -13,12 +13,14 @@ from typing import Any, Final
 
 import msgspec
 import nats.errors
+from starlette.requests import Request
 from starlette.responses import Response
 
+from nodus_gateway import tabling
 from nodus_gateway.resources import Resource
 from nodus_kit import errors as kit
 from nodus_kit.tracing import current_request_id
-from nodus_schema import FieldError, Status, encode, status_for
+from nodus_schema import FieldError, Status, encode, status_for, to_builtins
 
 JSON: Final = "application/json"
 
@@ -58,6 +60,24 @@ class ApiError(Exception):
 
 def object_response(obj: Any, status_code: int = 200) -> Response:
     return Response(encode(obj), status_code=status_code, media_type=JSON)
+
+
+def render(
+    request: Request, res: Resource, payload: Any, *, is_list: bool, status_code: int = 200
+) -> Response:
+    """An object or list as the caller asked for it: as it is, or as a meta.k8s.io Table when the Accept
+    header asks for one (``kubectl get`` does); ``includeObject`` picks what each row carries."""
+    version = tabling.table_version(request.headers)
+    if version is None:
+        return object_response(payload, status_code)
+    table = tabling.table_of_payload(
+        res.kind,
+        to_builtins(payload),
+        is_list=is_list,
+        include=tabling.include_object(request.query_params.get("includeObject")),
+        version=version,
+    )
+    return object_response(table, status_code)
 
 
 def status_response(status: Status, headers: dict[str, str] | None = None) -> Response:

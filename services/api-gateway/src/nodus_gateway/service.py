@@ -6,6 +6,7 @@ import logging
 
 from nodus_gateway.app import build_app
 from nodus_gateway.config import GatewayConfig
+from nodus_gateway.principals import Principals, cache_ttl_of, pepper_of
 from nodus_gateway.resources import stores_for
 from nodus_gateway.server import ApiServer
 from nodus_kit.servicing import Check, Service, Settings
@@ -20,6 +21,9 @@ class GatewayService(Service):
         super().__init__(settings)
         # Read before connecting: a missing NODUS_ADMIN_TOKEN stops the process before it does anything.
         self.config = GatewayConfig.from_env(settings.env)
+        # Also before connecting, for the same reason: a bad NODUS_TOKEN_CACHE_TTL_S fails the start.
+        self.token_pepper = pepper_of(settings.env, self.config.admin_token)
+        self.token_cache_ttl_s = cache_ttl_of(settings.env)
         self.server: ApiServer | None = None
 
     async def start(self) -> None:
@@ -28,6 +32,7 @@ class GatewayService(Service):
             admin_token=self.config.admin_token,
             ready=lambda: self.nc is not None and self.nc.is_connected,
             max_body_bytes=self.config.max_body_bytes,
+            principals=Principals(self.bus, pepper=self.token_pepper, cache_ttl_s=self.token_cache_ttl_s),
         )
         self.server = ApiServer(app, self.config.host, self.config.port)
         await self.server.start()

@@ -14,7 +14,9 @@ from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Service
 from nodus_kit.storing import Event
 from nodus_scheduler.cataloging import load_catalog
+from nodus_scheduler.estimating import serve_estimates
 from nodus_scheduler.lifecycle import JOB_LABEL, Lifecycle
+from nodus_scheduler.publishing import publish_catalog
 from nodus_scheduler.reporting import Reports
 from nodus_schema.messages import Report
 
@@ -26,6 +28,7 @@ class SchedulerService(Service):
 
     async def start(self) -> None:
         catalog = load_catalog(self.settings.env.get("NODUS_CATALOG"))
+        await publish_catalog(self.bus, catalog)
         self.lifecycle = Lifecycle(self.bus, catalog)
         life = self.lifecycle
 
@@ -53,6 +56,7 @@ class SchedulerService(Service):
             handler=Reports(life.attempts).handle,
         )
         await self.reports.start()
+        self.estimates = await serve_estimates(self.bus, catalog)  # nodus.rpc.scheduler.estimate (ADR-031)
         lease = Lease(self.bus, "scheduler", self.settings.replica, ttl_s=10)
         self._leader = asyncio.create_task(run_as_leader(lease, self.controller.run, stop=self.stopping))
         log.info(

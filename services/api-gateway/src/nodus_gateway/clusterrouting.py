@@ -1,0 +1,175 @@
+"""Routes of the read-only resources: attempts (namespaced), nodes and offerings (cluster-scoped).
+
+Services write these objects (the scheduler its Attempts and the published price book, node agents their
+Nodes); the API only reads them: list and get, and 405 MethodNotAllowed with who writes them for every
+write verb. Paths are Kubernetes': ``/apis/nodus.dev/v1/namespaces/{namespace}/attempts[/{name}]`` and,
+for cluster-scoped rows, ``/apis/nodus.dev/v1/nodes[/{name}]``.
+
+This module serves list and get of the rows with ``served_by="clusterrouting"`` (the cluster-scoped ones:
+the generic routes serve namespaced rows only), and, for every ``read_only`` row, the write verbs, so
+that a write gets 405 with who writes the resource rather than a bare 405 (its routes are registered
+ahead of the generic ones). When the generic routes serve cluster-scoped rows, nodes and offerings move
+to ``served_by="routing"`` and only the 405s stay here. The helpers here (name checks, list responses)
+are shared with secreting.py.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from nodus_gateway.authorizing import authorize
+from nodus_gateway.resources import RESOURCES, Resource, Stores
+from nodus_gateway.responding import ApiError, not_found, object_response, store_errors
+from nodus_gateway.routing import API_PREFIX
+from nodus_kit.selecting import Selector
+from nodus_kit.storing import ObjectStore
+from nodus_schema import ListMeta, status_for, to_builtins
+
+# Namespaces and names are DNS-1123 labels: they become NATS subject tokens, where "." splits tokens and
+# "*" / ">" are wildcards, so they are checked before any store access.
+_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_NAMESPACE_MAX: Final = 63
+WRITE_METHODS: Final = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def check_namespace(namespace: str) -> None:
+    if len(namespace) > _NAMESPACE_MAX or not _LABEL.fullmatch(namespace):
+        raise ApiError.of(
+            "BadRequest",
+            f'"{namespace}" is not a valid namespace (project) name: it must be a DNS-1123 label '
+            "(lower case letters, digits and '-', at most 63 characters)",
+        )
+
+
+def check_name(res: Resource, name: str, namespace: str | None) -> None:
+    # A name that could never have been stored cannot exist: answer as for any missing object.
+    if len(name) > res.max_name or not _LABEL.fullmatch(name):
+        raise not_found(res, name, namespace or "")
+
+
+def truthy(value: str | None) -> bool:
+    return value is not None and value.lower() not in ("", "0", "false")
+
+
+def no_watch(res: Resource) -> ApiError:
+    return ApiError.of(
+        "MethodNotAllowed",
+        f"watching {res.plural} is not served yet; list (or poll) instead",
+        fix=f"Poll the list: `nodus get {res.plural}`.",
+    )
+
+
+async def list_response(
+    res: Resource,
+    store: ObjectStore[Any],
+    namespace: str | None,
+    *,
+    label_selector: str | None,
+    limit: int | None,
+    continue_: str | None,
+) -> Response:
+    """One page of the list, each item through the row's redaction, as the generic list writes it."""
+    with store_errors(res, namespace or ""):
+        page = await store.list(
+            namespace,
+            selector=Selector.parse(label_selector),
+            # limit=0 means no limit, as in Kubernetes.
+            limit=limit or None,
+            continue_token=continue_ or None,
+        )
+    meta = ListMeta(
+        resource_version=str(page.resource_version),
+        continue_=page.continue_token,
+        remaining_item_count=page.remaining,
+    )
+    out = to_builtins(res.list_type(metadata=meta, items=[res.redact(o) for o in page.items]))
+    # Clients index "items" without a default; the list types keep it, and this keeps it for sure.
+    out.setdefault("items", [])
+    return object_response(out)
+
+
+def method_not_allowed(res: Resource, method: str) -> ApiError:
+    """405 for a write to a read-only resource, saying who writes it (Allow says what this path takes)."""
+    who = res.written_by or "the Nodus services"
+    status = status_for(
+        "MethodNotAllowed",
+        f"{res.group_resource} is read-only: the server does not allow {method} on it",
+        kind=res.plural,
+        fix=f"{res.plural.capitalize()} are written by {who}; read them with GET (list or get).",
+    )
+    return ApiError(status, headers={"Allow": "GET, HEAD"})
+
+
+def _paths(res: Resource) -> tuple[str, str]:
+    scope = f"{API_PREFIX}/namespaces/{{namespace}}" if res.namespaced else API_PREFIX
+    collection = f"{scope}/{res.plural}"
+    return collection, f"{collection}/{{name}}"
+
+
+def refusal_router(res: Resource) -> APIRouter:
+    """405 for every write verb on a read-only row, with who writes it (and Allow: GET)."""
+    collection, item = _paths(res)
+    router = APIRouter(tags=[res.plural])
+
+    @router.api_route(collection, methods=["POST", "DELETE"], name=f"write {res.plural}")
+    @router.api_route(item, methods=list(WRITE_METHODS), name=f"write {res.singular}")
+    async def write(request: Request) -> Response:
+        raise method_not_allowed(res, request.method)
+
+    return router
+
+
+def read_only_router(res: Resource, stores: Stores) -> APIRouter:
+    """List and get of one row (cluster-scoped or namespaced), every object through its redaction."""
+    store = stores[res.plural]
+    collection, item = _paths(res)
+    router = APIRouter(tags=[res.plural])
+
+    def _namespace(request: Request) -> str | None:
+        if not res.namespaced:
+            return None
+        namespace = str(request.path_params["namespace"])
+        check_namespace(namespace)
+        return namespace
+
+    @router.get(collection, name=f"list {res.plural}")
+    async def list_(
+        request: Request,
+        label_selector: Annotated[str | None, Query(alias="labelSelector")] = None,
+        limit: Annotated[int | None, Query(ge=0)] = None,
+        continue_: Annotated[str | None, Query(alias="continue")] = None,
+        watch: Annotated[str | None, Query()] = None,
+    ) -> Response:
+        namespace = _namespace(request)
+        await authorize(request, "watch" if truthy(watch) else "list", res.plural, namespace)
+        if truthy(watch):
+            raise no_watch(res)
+        return await list_response(
+            res, store, namespace, label_selector=label_selector, limit=limit, continue_=continue_
+        )
+
+    @router.get(item, name=f"get {res.singular}")
+    async def get(request: Request, name: str) -> Response:
+        namespace = _namespace(request)
+        await authorize(request, "get", res.plural, namespace)
+        check_name(res, name, namespace)
+        with store_errors(res, namespace or "", name):
+            obj = await store.get(namespace, name)
+        return object_response(res.redact(obj))
+
+    return router
+
+
+def cluster_router(stores: Stores) -> APIRouter:
+    """The routes of this module: 405s for every read-only row, list and get for the rows it serves."""
+    router = APIRouter()
+    for res in RESOURCES:
+        if res.read_only:
+            router.include_router(refusal_router(res))
+        if res.served_by == "clusterrouting":
+            router.include_router(read_only_router(res, stores))
+    return router

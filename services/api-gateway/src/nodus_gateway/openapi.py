@@ -1,0 +1,806 @@
+"""The API's OpenAPI documents, in Kubernetes' shape: /openapi/v2 (Swagger 2.0) and /openapi/v3 (3.0).
+
+kubectl reads them: ``explain`` walks the v3 schema of a kind, and create/apply ask the v3 document
+whether the server validates fields itself (a PATCH operation of the kind that takes ``fieldValidation``).
+Other clients generate code from them, and the property tests (and schemathesis in CI) check every
+response against them, so they must be exact:
+
+* the component schemas are generated from the msgspec wire types the gateway encodes, so a field added
+  to a type is documented by the same change;
+* the paths are read from the app's routes at request time, so a route added anywhere (another module,
+  another router) is documented without a change here, and nothing is documented that is not served;
+* every error response is the Status schema (ADR-028: no error leaves the gateway in another shape).
+
+As in Kubernetes, /openapi/v3 is an index of one document per group version (``apis/nodus.dev/v1``)
+and per other path root (``version``, ``apis``, ``healthz``...), each with a content hash in its URL.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import itertools
+import json
+import re
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
+import msgspec.inspect
+from fastapi import APIRouter, FastAPI, Request
+from starlette.responses import Response
+
+from nodus_gateway import discovery
+from nodus_gateway.discovery import API_PREFIX, ResourceRoute
+from nodus_gateway.resources import RESOURCES, Resource
+from nodus_gateway.responding import ApiError, object_response
+from nodus_gateway.system import VERSION
+from nodus_schema import API_GROUP, Status, Table, list_kind
+
+Schema = dict[str, Any]
+Ref = Callable[[str], Schema]
+
+REF_V3: Final = "#/components/schemas/{name}"
+REF_V2: Final = "#/definitions/{name}"
+GROUP_VERSION_KIND: Final = "x-kubernetes-group-version-kind"
+JSON: Final = "application/json"
+YAML: Final = "application/yaml"
+TABLE: Final = "application/json;as=Table;g=meta.k8s.io;v=v1"
+WATCH_STREAM: Final = "application/json;stream=watch"
+PATCH_TYPES: Final = (
+    "application/merge-patch+json",
+    "application/json-patch+json",
+    "application/apply-patch+yaml",
+)
+PROTOBUF_V2: Final = "application/com.github.proto-openapi.spec.v2"
+SECURITY: Final = "BearerToken"
+_PATH_PARAM: Final = re.compile(r"\{(\w+)(?::\w+)?\}")
+
+PARAMETER_DOCS: Final = {
+    "namespace": "The project (Kubernetes namespace) of the objects.",
+    "name": "The object's name.",
+    "labelSelector": "Only the objects whose labels match (Kubernetes label selector syntax).",
+    "fieldSelector": "Only the objects whose fields match (metadata.name, metadata.namespace).",
+    "limit": "At most this many objects; 0 means no limit. metadata.continue pages on.",
+    "continue": "The continue token of the previous page (metadata.continue).",
+    "watch": "Stream ADDED, MODIFIED and DELETED events (newline-delimited WatchEvents) instead of listing.",
+    "resourceVersion": "The resourceVersion to list or watch from.",
+    "includeObject": "What each row of a Table carries: None, Metadata (the default) or Object.",
+    "fieldValidation": (
+        "Kubernetes' field validation directive. The gateway always validates strictly (unknown and "
+        "duplicate fields are errors), whatever is asked."
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Component schemas, from the wire types
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _typed() -> list[tuple[type[Any], tuple[str, str, str]]]:
+    """Every type a response or request body can be, with the group, version and kind it stands for."""
+    out: list[tuple[type[Any], tuple[str, str, str]]] = []
+    for res in RESOURCES:
+        out.append((res.object_type, (API_GROUP, discovery.VERSION, res.kind)))
+        out.append((res.list_type, (API_GROUP, discovery.VERSION, list_kind(res.kind))))
+    out.append((Status, ("", "v1", "Status")))
+    out.append((Table, ("meta.k8s.io", "v1", "Table")))
+    for t in discovery.DISCOVERY_TYPES:
+        out.append((t, ("", "v1", t.__name__)))
+    return out
+
+
+# Hand-written: what no wire type describes (version.Info is a plain dict in system.py).
+EXTRA_SCHEMAS: Final[dict[str, Schema]] = {
+    "Info": {
+        "description": "The server's version (Kubernetes' version.Info), as `kubectl version` reads it.",
+        "type": "object",
+        "required": ["major", "minor", "gitVersion", "gitCommit", "gitTreeState", "buildDate", "goVersion"],
+        "properties": {
+            k: {"type": "string"}
+            for k in (
+                "major",
+                "minor",
+                "gitVersion",
+                "gitCommit",
+                "gitTreeState",
+                "buildDate",
+                "goVersion",
+                "compiler",
+                "platform",
+            )
+        },
+    },
+    "WatchEvent": {
+        "description": "One event of a watch stream: ADDED, MODIFIED, DELETED, BOOKMARK or ERROR (a Status).",
+        "type": "object",
+        "required": ["type", "object"],
+        "properties": {
+            "type": {"type": "string", "enum": ["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"]},
+            "object": {"type": "object", "description": "The object, a Table of it, or a Status."},
+        },
+    },
+    "Namespace": {
+        "description": "A project, as a core/v1 Namespace: every valid name is one (they exist implicitly).",
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
+            "spec": {"type": "object"},
+            "status": {"type": "object", "properties": {"phase": {"type": "string"}}},
+        },
+        GROUP_VERSION_KIND: [{"group": "", "kind": "Namespace", "version": "v1"}],
+    },
+    "Patch": {
+        "description": "A JSON merge patch, a JSON patch (an array of operations) or an apply configuration.",
+    },
+    "DeleteOptions": {
+        "description": "Options of a delete (kubectl sends them as the body).",
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "gracePeriodSeconds": {"type": "integer"},
+            "propagationPolicy": {"type": "string", "enum": ["Orphan", "Background", "Foreground"]},
+            "dryRun": {"type": "array", "items": {"type": "string"}},
+            "preconditions": {
+                "type": "object",
+                "properties": {"uid": {"type": "string"}, "resourceVersion": {"type": "string"}},
+            },
+        },
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Components:
+    schemas: dict[str, Schema]
+    names: dict[type[Any], str]
+    """The schema name of each wire type (msgspec's, which stays unique when titles clash)."""
+
+
+def components(ref_template: str, *, v2: bool) -> Components:
+    """The component schemas of every wire type, converted to the dialect (OpenAPI 3.0 or Swagger 2.0)."""
+    typed = _typed()
+    refs, schemas = msgspec.json.schema_components([t for t, _ in typed], ref_template=ref_template)
+    names = {t: str(ref["$ref"]).rsplit("/", 1)[-1] for (t, _), ref in zip(typed, refs, strict=True)}
+    _describe_fields(schemas, [t for t, _ in typed])
+    for s in schemas.values():
+        if isinstance(s.get("description"), str):
+            s["description"] = inspect.cleandoc(s["description"])  # a class docstring keeps its indent
+    converted = {name: _convert(s, v2=v2) for name, s in schemas.items()}
+    for t, (group, version, kind) in typed:
+        converted[names[t]][GROUP_VERSION_KIND] = [{"group": group, "kind": kind, "version": version}]
+    for name, s in EXTRA_SCHEMAS.items():
+        converted.setdefault(name, json.loads(json.dumps(s)))
+    return Components(converted, names)
+
+
+# What Kubernetes says of the fields every object has (kubectl explain prints it).
+COMMON_FIELDS: Final = {
+    "apiVersion": "APIVersion defines the versioned schema of this representation of an object.",
+    "kind": "Kind is a string value representing the REST resource this object represents.",
+    "metadata": "Standard object's metadata: name, namespace (the project), labels, versions.",
+}
+
+
+def _describe_fields(schemas: dict[str, Schema], roots: list[type[Any]]) -> None:
+    """Give each property the docstring its field has in the source.
+
+    The wire types document fields with attribute docstrings (a string under the field), which Python
+    keeps only in the source; msgspec therefore leaves them out, and ``kubectl explain`` would print
+    "<empty>" for every field. They are read back from the source here.
+    """
+    for info in msgspec.inspect.multi_type_info(roots):
+        for cls in _struct_classes(info):
+            schema = schemas.get(cls.__name__)
+            if schema is None or schema.get("title") != cls.__name__:
+                continue  # a clashing name msgspec renamed: leave it undescribed rather than guess
+            docs = _attribute_docs(cls)
+            for f in msgspec.structs.fields(cls):
+                prop = schema.get("properties", {}).get(f.encode_name)
+                text = docs.get(f.name) or COMMON_FIELDS.get(f.encode_name)
+                if isinstance(prop, dict) and text and "description" not in prop:
+                    prop["description"] = text
+
+
+def _struct_classes(info: Any) -> Iterator[type[Any]]:
+    """Every Struct class under a msgspec type info, once (types nest through lists, dicts, unions)."""
+    seen: set[type[Any]] = set()
+    stack = [info]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, msgspec.inspect.StructType):
+            if node.cls in seen:
+                continue
+            seen.add(node.cls)
+            yield node.cls
+            stack.extend(f.type for f in node.fields)
+        for attr in ("item_type", "key_type", "value_type"):
+            if (child := getattr(node, attr, None)) is not None:
+                stack.append(child)
+        stack.extend(getattr(node, "types", None) or ())
+        stack.extend(getattr(node, "item_types", None) or ())
+
+
+_ATTRIBUTE_DOCS: dict[type[Any], dict[str, str]] = {}
+
+
+def _attribute_docs(cls: type[Any]) -> dict[str, str]:
+    """``field → docstring`` for the string literals that follow annotated fields in ``cls``'s source."""
+    if cls not in _ATTRIBUTE_DOCS:
+        _ATTRIBUTE_DOCS[cls] = _read_attribute_docs(cls)
+    return _ATTRIBUTE_DOCS[cls]
+
+
+def _read_attribute_docs(cls: type[Any]) -> dict[str, str]:
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for field_node, doc_node in itertools.pairwise(body):
+        if (
+            isinstance(field_node, ast.AnnAssign)
+            and isinstance(field_node.target, ast.Name)
+            and isinstance(doc_node, ast.Expr)
+            and isinstance(doc_node.value, ast.Constant)
+            and isinstance(doc_node.value.value, str)
+        ):
+            docs[field_node.target.id] = inspect.cleandoc(doc_node.value.value)
+    return docs
+
+
+def _convert(node: Any, *, v2: bool) -> Any:
+    """JSON Schema (2020-12, as msgspec writes it) to the OpenAPI dialect: OpenAPI 3.0 has no ``null``
+    type (``nullable`` instead) and ``$ref`` takes no siblings; Swagger 2.0 has neither anyOf nor null."""
+    if isinstance(node, list):
+        return [_convert(n, v2=v2) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: Schema = {}
+    for key, value in node.items():
+        if key == "properties":
+            out[key] = {k: _convert(v, v2=v2) for k, v in value.items()}
+        elif (key == "default" and value is None) or (key == "required" and not value):
+            continue  # null defaults say nothing; an empty required list is not allowed in 3.0
+        elif key == "const":
+            out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "prefixItems":
+            out.setdefault("items", {})
+        else:
+            out[key] = _convert(value, v2=v2)
+    if "anyOf" in out:
+        out = _union(out, v2=v2)
+    if out.get("type") == "null":
+        out.pop("type")
+        if not v2:
+            out["nullable"] = True
+    if "$ref" in out and len(out) > 1:
+        out = {**{k: v for k, v in out.items() if k != "$ref"}, "allOf": [{"$ref": out["$ref"]}]}
+    return out
+
+
+def _union(node: Schema, *, v2: bool) -> Schema:
+    variants = node.pop("anyOf")
+    present = [v for v in variants if v not in ({"type": "null"}, {"nullable": True})]
+    nullable = len(present) < len(variants)
+    if len(present) == 1:
+        node = {**node, **present[0]}  # a $ref with siblings is wrapped in allOf by the caller
+    elif present and not v2:
+        node = {**node, "anyOf": present}
+    # Swagger 2.0 cannot say "one of": the field is left untyped, its description says what it takes.
+    if nullable and not v2:
+        node["nullable"] = True
+    return node
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Operations, from the routes
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Param:
+    name: str
+    where: str
+    schema: Schema
+    required: bool = False
+    description: str = ""
+
+
+@dataclass
+class Body:
+    schema: Schema
+    media_types: tuple[str, ...]
+    required: bool = True
+
+
+@dataclass
+class Operation:
+    path: str
+    method: str
+    operation_id: str
+    description: str
+    tags: list[str]
+    params: list[Param]
+    replies: dict[str, dict[str, Schema]]
+    """Code → media type → schema; "default" is every error."""
+    body: Body | None = None
+    extensions: dict[str, Any] = field(default_factory=dict)
+    public: bool = False
+
+
+def _camel(text: str) -> str:
+    words = re.split(r"[^A-Za-z0-9]+", text)
+    return "".join(w[:1].upper() + w[1:] for w in words if w)
+
+
+def _annotation_schema(annotation: Any) -> Schema:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return _annotation_schema(args[0]) if len(args) == 1 else {}
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple, set):
+        return {"type": "array", "items": _annotation_schema(args[0]) if args else {}}
+    scalar = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    return {"type": scalar[annotation]} if annotation in scalar else {"type": "string"}
+
+
+def _query_params(route: Any) -> list[Param]:
+    out: list[Param] = []
+    seen: set[str] = set()
+    for f in _query_fields(getattr(route, "dependant", None)):
+        if f.alias in seen:
+            continue
+        seen.add(f.alias)
+        schema = _annotation_schema(f.field_info.annotation)
+        for m in getattr(f.field_info, "metadata", None) or []:
+            for attr, key in (("ge", "minimum"), ("le", "maximum")):
+                if getattr(m, attr, None) is not None:
+                    schema[key] = getattr(m, attr)
+        out.append(
+            Param(f.alias, "query", schema, f.field_info.is_required(), PARAMETER_DOCS.get(f.alias, ""))
+        )
+    return out
+
+
+def _query_fields(dependant: Any) -> Iterable[Any]:
+    """The query parameters of a route, those its dependencies declare (a shared list query) included."""
+    if dependant is None:
+        return
+    yield from getattr(dependant, "query_params", None) or []
+    for sub in getattr(dependant, "dependencies", None) or []:
+        yield from _query_fields(sub)
+
+
+def _path_params(path: str) -> list[Param]:
+    return [
+        Param(n, "path", {"type": "string"}, True, PARAMETER_DOCS.get(n, ""))
+        for n in _PATH_PARAM.findall(path)
+    ]
+
+
+def _errors(public: bool, ref: Ref) -> dict[str, dict[str, Schema]]:
+    errors = {"default": {JSON: ref("Status")}}
+    return errors if public else {"401": {JSON: ref("Status")}, **errors}
+
+
+def _operation_id(name: str, method: str, path: str) -> str:
+    """``getCoreAPIVersions`` from a descriptive route name ("get core API versions"), else from the
+    method and path (``getHealthz``), lower camel case as Kubernetes' operation ids are."""
+    words = name if " " in name else f"{method} {_PATH_PARAM.sub('', path)}"
+    text = _camel(words)
+    return text[:1].lower() + text[1:]
+
+
+def _plain_operation(route: Any, path: str, method: str, ref: Ref, public: bool) -> Operation:
+    """A route outside the resource API: discovery, version, health, OpenAPI, and whatever else is served."""
+    known: dict[str, dict[str, Schema]] = {
+        "/healthz": {"text/plain": {"type": "string"}},
+        "/livez": {"text/plain": {"type": "string"}},
+        "/readyz": {"text/plain": {"type": "string"}},
+        "/version": {JSON: ref("Info")},
+        "/api": {JSON: ref("APIVersions")},
+        "/api/v1": {JSON: ref("APIResourceList")},
+        "/api/v1/namespaces/{namespace}": {JSON: ref("Namespace")},
+        "/apis": {JSON: ref("APIGroupList")},
+        f"/apis/{API_GROUP}": {JSON: ref("APIGroup")},
+        API_PREFIX: {JSON: ref("APIResourceList")},
+        "/openapi/v2": {JSON: {"type": "object"}},
+        "/openapi/v3": {JSON: {"type": "object"}},
+        "/openapi/v3/{key}": {JSON: {"type": "object"}},
+    }
+    code = str(getattr(route, "status_code", None) or 200)
+    return Operation(
+        path=path,
+        method=method,
+        operation_id=_operation_id(route.name or "", method, path),
+        description=(getattr(route, "description", "") or route.name or "").strip(),
+        tags=[str(t) for t in getattr(route, "tags", []) or []],
+        params=_path_params(path) + _query_params(route),
+        replies={code: known.get(path, {JSON: {}}), **_errors(public, ref)},
+        public=public,
+    )
+
+
+_ACTIONS: Final = {
+    # (item, method) → (verb for the operation id, x-kubernetes-action)
+    (False, "GET"): ("list", "list"),
+    (False, "POST"): ("create", "post"),
+    (False, "DELETE"): ("deletecollection", "deletecollection"),
+    (True, "GET"): ("read", "get"),
+    (True, "PUT"): ("replace", "put"),
+    (True, "PATCH"): ("patch", "patch"),
+    (True, "DELETE"): ("delete", "delete"),
+}
+
+
+def _resource_operation(
+    route: Any, path: str, method: str, shape: ResourceRoute, c: Components, ref: Ref
+) -> Operation:
+    res = shape.resource
+    obj, lst = ref(c.names[res.object_type]), ref(c.names[res.list_type])
+    verb, action = (
+        ("watch", "watch") if shape.watch else _ACTIONS.get((shape.item, method), (method.lower(), ""))
+    )
+    scope = "Namespaced" if shape.namespaced else ""
+    suffix = _camel(shape.subresource or "") + ("ForAllNamespaces" if _all_namespaces(res, shape) else "")
+    params = _path_params(path) + _query_params(route)
+    declared = {p.name for p in params}
+    replies = _resource_replies(shape, method, res, obj, lst, ref)
+    body: Body | None = None
+    if method in ("POST", "PUT"):
+        body = Body(obj, (JSON, YAML))
+    elif method == "PATCH":
+        body = Body(ref("Patch"), PATCH_TYPES)
+    elif method == "DELETE" and shape.item:
+        body = Body(ref("DeleteOptions"), (JSON,), required=False)
+    extra = []
+    if method in ("POST", "PUT", "PATCH"):
+        extra.append(
+            Param("fieldValidation", "query", {"type": "string", "enum": ["Ignore", "Warn", "Strict"]})
+        )
+    if method == "GET" and shape.subresource is None and not shape.watch:
+        extra.append(
+            Param("includeObject", "query", {"type": "string", "enum": ["None", "Metadata", "Object"]})
+        )
+    for p in extra:
+        if p.name not in declared:
+            p.description = PARAMETER_DOCS[p.name]
+            params.append(p)
+    kind = res.kind if shape.item or method != "GET" else list_kind(res.kind)
+    return Operation(
+        path=path,
+        method=method,
+        operation_id=f"{verb}{_camel(API_GROUP)}{_camel(discovery.VERSION)}{scope}{res.kind}{suffix}",
+        description=(getattr(route, "description", "") or route.name or "").strip(),
+        tags=[f"{API_GROUP}_{discovery.VERSION}"],
+        params=params,
+        replies=replies,
+        body=body,
+        extensions={
+            "x-kubernetes-action": action or verb,
+            GROUP_VERSION_KIND: {"group": API_GROUP, "kind": res.kind, "version": discovery.VERSION},
+            "x-nodus-response-kind": kind,
+        },
+    )
+
+
+def _all_namespaces(res: Resource, shape: ResourceRoute) -> bool:
+    return not shape.namespaced and bool(getattr(res, "namespaced", True)) and not shape.item
+
+
+def _resource_replies(
+    shape: ResourceRoute, method: str, res: Resource, obj: Schema, lst: Schema, ref: Ref
+) -> dict[str, dict[str, Schema]]:
+    errors = _errors(False, ref)
+    table = ref("Table")
+    if shape.watch:
+        return {"200": {JSON: ref("WatchEvent"), WATCH_STREAM: ref("WatchEvent")}, **errors}
+    if method == "GET" and not shape.item:
+        listed = {JSON: lst, TABLE: table}
+        if "watch" in (getattr(res, "verbs", None) or ()):
+            listed[WATCH_STREAM] = ref("WatchEvent")
+        return {"200": listed, **errors}
+    if method == "GET":
+        return {"200": {JSON: obj} if shape.subresource else {JSON: obj, TABLE: table}, **errors}
+    if method == "POST":
+        return {code: {JSON: obj} for code in ("200", "201", "202")} | errors
+    if method in ("PUT", "PATCH"):
+        return {code: {JSON: obj} for code in ("200", "201")} | errors
+    if method == "DELETE" and shape.item:
+        # The deleted object (what custom resources return), or a Status when nothing is left to show.
+        either = {"anyOf": [obj, ref("Status")]}
+        return {code: {JSON: either} for code in ("200", "202")} | errors
+    if method == "DELETE":
+        return {"200": {JSON: {"anyOf": [lst, ref("Status")]}}, **errors}
+    return {"200": {JSON: {}}, **errors}
+
+
+def operations(app: FastAPI, c: Components, ref: Ref) -> list[Operation]:
+    """One operation per route and method the app serves (HEAD left out), with unique operation ids."""
+    known = discovery.resources_by_plural()
+    public = _public_paths()
+    out: list[Operation] = []
+    seen: set[str] = set()
+    for route in discovery.http_routes(app):
+        path = _PATH_PARAM.sub(r"{\1}", getattr(route, "path_format", None) or route.path)
+        shape = discovery.classify(path, known)
+        for method in sorted(m for m in route.methods or () if m != "HEAD"):
+            if shape is not None:
+                op = _resource_operation(route, path, method, shape, c, ref)
+            else:
+                op = _plain_operation(route, path, method, ref, path.rstrip("/") in public)
+            op.operation_id = _unique(op.operation_id, seen)
+            out.append(op)
+    return out
+
+
+def _unique(operation_id: str, seen: set[str]) -> str:
+    candidate, n = operation_id, 2
+    while candidate in seen:
+        candidate, n = f"{operation_id}{n}", n + 1
+    seen.add(candidate)
+    return candidate
+
+
+def _public_paths() -> frozenset[str]:
+    # The paths open without a token are the authentication module's to say.
+    from nodus_gateway import auth
+
+    return frozenset(getattr(auth, "PUBLIC_PATHS", ()))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The documents
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _ref3(name: str) -> Schema:
+    return {"$ref": REF_V3.format(name=name)}
+
+
+def _ref2(name: str) -> Schema:
+    return {"$ref": REF_V2.format(name=name)}
+
+
+def _operation_v3(op: Operation) -> Schema:
+    out: Schema = {"operationId": op.operation_id, "description": op.description, "tags": op.tags}
+    if op.params:
+        out["parameters"] = [_param_v3(p) for p in op.params]
+    if op.body is not None:
+        content = {t: {"schema": op.body.schema} for t in op.body.media_types}
+        out["requestBody"] = {"required": op.body.required, "content": content}
+    out["responses"] = {
+        code: {"description": _describe(code), "content": {t: {"schema": s} for t, s in media.items()}}
+        for code, media in op.replies.items()
+    }
+    if op.public:
+        out["security"] = []
+    return {**out, **op.extensions}
+
+
+def _param_v3(p: Param) -> Schema:
+    out: Schema = {"name": p.name, "in": p.where, "schema": p.schema}
+    if p.required:
+        out["required"] = True
+    if p.description:
+        out["description"] = p.description
+    return out
+
+
+def _describe(code: str) -> str:
+    return {
+        "200": "OK",
+        "201": "Created",
+        "202": "Accepted",
+        "401": "Unauthorized (a Status)",
+        "default": "An error, always a Status",
+    }.get(code, "")
+
+
+def _operation_v2(op: Operation) -> Schema:
+    out: Schema = {"operationId": op.operation_id, "description": op.description, "tags": op.tags}
+    params = [_param_v2(p) for p in op.params]
+    if op.body is not None:
+        out["consumes"] = list(op.body.media_types)
+        params.append({"name": "body", "in": "body", "required": op.body.required, "schema": op.body.schema})
+    if params:
+        out["parameters"] = params
+    out["produces"] = sorted({t for media in op.replies.values() for t in media})
+    out["responses"] = {code: _reply_v2(code, media) for code, media in op.replies.items()}
+    if op.public:
+        out["security"] = []
+    return {**out, **op.extensions}
+
+
+def _param_v2(p: Param) -> Schema:
+    out: Schema = {"name": p.name, "in": p.where, **(p.schema or {"type": "string"})}
+    if p.required:
+        out["required"] = True
+    if p.description:
+        out["description"] = p.description
+    return out
+
+
+def _reply_v2(code: str, media: dict[str, Schema]) -> Schema:
+    # Swagger 2.0 has one schema per response: the JSON one (the others are alternate encodings).
+    schema = media.get(JSON) or next(iter(media.values()), {})
+    out: Schema = {"description": _describe(code)}
+    if schema:
+        out["schema"] = _v2_schema(schema)
+    return out
+
+
+def _v2_schema(schema: Schema) -> Schema:
+    return {k: v for k, v in schema.items() if k != "anyOf"} if "anyOf" in schema else schema
+
+
+def _paths(ops: Iterable[Operation], render: Callable[[Operation], Schema]) -> dict[str, Schema]:
+    paths: dict[str, Schema] = {}
+    for op in ops:
+        paths.setdefault(op.path, {})[op.method.lower()] = render(op)
+    return dict(sorted(paths.items()))
+
+
+def _info() -> Schema:
+    return {
+        "title": "Nodus",
+        "description": "The nodus.dev/v1 API: Sweeps, Jobs and what runs them, Kubernetes-shaped.",
+        "version": VERSION,
+    }
+
+
+def swagger_v2(app: FastAPI) -> Schema:
+    """The whole API as one Swagger 2.0 document, as the kube-apiserver serves /openapi/v2."""
+    c = components(REF_V2, v2=True)
+    return {
+        "swagger": "2.0",
+        "info": _info(),
+        "paths": _paths(operations(app, c, _ref2), _operation_v2),
+        "definitions": c.schemas,
+        "securityDefinitions": {
+            SECURITY: {"type": "apiKey", "name": "authorization", "in": "header", "description": _TOKEN_DOC}
+        },
+        "security": [{SECURITY: []}],
+    }
+
+
+_TOKEN_DOC: Final = "Bearer token authentication: `Authorization: Bearer <token>`."
+
+
+def document_key(path: str) -> str:
+    """The /openapi/v3 document a path belongs to, as Kubernetes groups them: a group version
+    (``apis/nodus.dev/v1``), a group (``apis/nodus.dev``), ``api/v1``, or the path's first segment."""
+    segments = [s for s in path.split("/") if s]
+    if not segments:
+        return ""
+    if segments[0] == "apis" and len(segments) >= 2:
+        return "/".join(segments[:3])
+    if segments[0] == "api" and len(segments) >= 2:
+        return "/".join(segments[:2])
+    return segments[0]
+
+
+def openapi_v3(app: FastAPI) -> dict[str, Schema]:
+    """Every /openapi/v3 document, by key."""
+    c = components(REF_V3, v2=False)
+    grouped: dict[str, list[Operation]] = {}
+    for op in operations(app, c, _ref3):
+        grouped.setdefault(document_key(op.path), []).append(op)
+    return {key: _document_v3(ops, c) for key, ops in sorted(grouped.items())}
+
+
+def _document_v3(ops: list[Operation], c: Components) -> Schema:
+    return {
+        "openapi": "3.0.0",
+        "info": _info(),
+        "paths": _paths(ops, _operation_v3),
+        "components": {
+            "schemas": c.schemas,
+            "securitySchemes": {
+                SECURITY: {"type": "http", "scheme": "bearer", "description": _TOKEN_DOC},
+            },
+        },
+        "security": [{SECURITY: []}],
+    }
+
+
+def _hash(doc: Schema) -> str:
+    # Kubernetes' hash is the SHA-512 of the document, upper-case hex; clients cache by it.
+    return hashlib.sha512(json.dumps(doc, sort_keys=True).encode()).hexdigest().upper()
+
+
+def index_v3(docs: dict[str, Schema]) -> Schema:
+    return {
+        "paths": {
+            key: {"serverRelativeURL": f"/openapi/v3/{key}?hash={_hash(doc)}"} for key, doc in docs.items()
+        }
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Routes
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Cache:
+    """The documents of the routes as they are: rebuilt only when the set of routes changes."""
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[str, frozenset[str]], ...] | None = None
+        self._v2: Schema = {}
+        self._v3: dict[str, Schema] = {}
+
+    def _refresh(self, app: FastAPI) -> None:
+        key = tuple(discovery.served_routes(app))
+        if key != self._key:
+            self._v2, self._v3, self._key = swagger_v2(app), openapi_v3(app), key
+
+    def v2(self, app: FastAPI) -> Schema:
+        self._refresh(app)
+        return self._v2
+
+    def v3(self, app: FastAPI) -> dict[str, Schema]:
+        self._refresh(app)
+        return self._v3
+
+
+def _app(request: Request) -> FastAPI:
+    app = request.app
+    assert isinstance(app, FastAPI)
+    return app
+
+
+def _accepts_json(accept: str) -> bool:
+    if not accept.strip():
+        return True
+    ranges = [part.split(";")[0].strip().lower() for part in accept.split(",")]
+    return any(r in (JSON, "application/*", "*/*") for r in ranges)
+
+
+def openapi_router() -> APIRouter:
+    router = APIRouter(tags=["openapi"])
+    cache = _Cache()
+
+    @router.get("/openapi/v2", name="get OpenAPI v2 document")
+    async def v2(request: Request) -> Response:
+        # client-go asks for the protobuf encoding first; only JSON is served, so say so rather than send
+        # JSON to a protobuf decoder.
+        if not _accepts_json(request.headers.get("accept", "")):
+            raise ApiError.of(
+                "NotAcceptable",
+                "only application/json is served for /openapi/v2",
+                fix="Ask for Accept: application/json, or read /openapi/v3 (kubectl explain does).",
+            )
+        return object_response(cache.v2(_app(request)))
+
+    @router.get("/openapi/v3", name="get OpenAPI v3 index")
+    async def v3_index(request: Request) -> Response:
+        return object_response(index_v3(cache.v3(_app(request))))
+
+    @router.get("/openapi/v3/{key:path}", name="get OpenAPI v3 document")
+    async def v3_document(key: str, request: Request) -> Response:
+        docs = cache.v3(_app(request))
+        if key.strip("/") not in docs:
+            raise ApiError.of(
+                "NotFound",
+                f'no OpenAPI v3 document "{key}"',
+                fix="GET /openapi/v3 lists the documents (apis/nodus.dev/v1 holds the resources).",
+            )
+        return object_response(docs[key.strip("/")])
+
+    return router
