@@ -348,7 +348,10 @@ def _print_notes(runs: list[Run], n: int) -> None:
         "/proc at 10 ms clock ticks). With a fixed 50 clients, mean latency is 50 / rate (Little's law), "
         "so the p99 budget is a throughput floor too. nats-server syncs every write to disk "
         "(sync_interval: always), as the stack runs it. The gateway logs at Python's default level "
-        "(WARNING): the service's JSON access line per request (INFO) is not in these numbers."
+        "(WARNING): the service's JSON access line per request (INFO) is not in these numbers. No "
+        "scheduler or billing runs here, so each create's estimate request (ADR-031) gets NATS's immediate "
+        "no-responders answer (one bus round trip) and the Sweep is admitted without an estimate, with a "
+        "Warning header and a WARNING log line."
     )
     print("\n".join(textwrap.wrap(notes, 110)) + "\n")
 

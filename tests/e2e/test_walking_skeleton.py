@@ -9,6 +9,7 @@ Sweep ends Failed/CellsFailed once the rest have finished.
 
 from __future__ import annotations
 
+import ssl
 import sys
 from collections.abc import Iterator
 from decimal import Decimal
@@ -74,7 +75,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, dic
 
 def client(values: dict[str, str]) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        base_url=values["NODUS_URL"], headers={"Authorization": f"Bearer {values['NODUS_TOKEN']}"}, timeout=10
+        base_url=values["NODUS_URL"],
+        headers={"Authorization": f"Bearer {values['NODUS_TOKEN']}"},
+        timeout=10,
+        verify=ssl.create_default_context(cafile=values["NODUS_CA"]),  # the stack's own CA
     )
 
 

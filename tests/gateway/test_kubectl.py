@@ -1,13 +1,15 @@
 """The real kubectl (the one on the PATH) against a real gateway: discovery, Tables, OpenAPI and the verbs.
 
-The gateway is served over HTTPS with a throwaway self-signed certificate: client-go sends a kubeconfig's
-bearer token only over TLS (an ``http://`` server gets no credentials at all), so kubectl needs it.
+client-go sends a kubeconfig's bearer token only over TLS (an ``http://`` server gets no credentials at
+all), so the gateway is served as the local stack serves it: HTTPS with a certificate of the stack's own
+CA (:mod:`nodus_testing.certs`), and kubectl gets nothing but the kubeconfig that ``make up`` writes
+(:func:`nodus_testing.localstack.kubeconfig`, the CA inside it). The last test starts the local stack
+itself and uses the very file it wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import shutil
 import subprocess
@@ -17,14 +19,13 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import uvicorn
 from nats.aio.client import Client as NATS
 
 from nodus_gateway.app import build_app
 from nodus_gateway.resources import stores_for
-from nodus_gateway.server import bind
-from nodus_testing.localstack import kubeconfig
-from nodus_testing.waiting import eventually
+from nodus_gateway.server import ApiServer
+from nodus_testing import certs
+from nodus_testing.localstack import Stack, kubeconfig
 
 pytestmark = [
     pytest.mark.slow,
@@ -55,14 +56,13 @@ spec:
 @dataclass
 class Kubectl:
     kubeconfig: Path
-    ca: Path
     cache: Path
     workdir: Path
 
     def argv(self, *args: str) -> list[str]:
-        # The discovery cache goes to the test's own directory, not ~/.kube.
-        base = ["kubectl", "--kubeconfig", str(self.kubeconfig), "--certificate-authority", str(self.ca)]
-        return [*base, "--cache-dir", str(self.cache), *args]
+        # Only the kubeconfig: no --certificate-authority, --token or --insecure-skip-tls-verify. The
+        # discovery cache goes to the test's own directory, not ~/.kube.
+        return ["kubectl", "--kubeconfig", str(self.kubeconfig), "--cache-dir", str(self.cache), *args]
 
     async def __call__(
         self, *args: str, ok: bool = True, timeout: float = 60
@@ -81,40 +81,30 @@ class Kubectl:
         return str(path)
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield  # the test's loop owns the signals
-
-
-async def _certificate(directory: Path) -> tuple[Path, Path]:
-    cert, key = directory / "tls.crt", directory / "tls.key"
-    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-    argv += ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
-    argv += ["-addext", "subjectAltName=IP:127.0.0.1"]
-    await asyncio.to_thread(subprocess.run, argv, check=True, capture_output=True, timeout=60)
-    return cert, key
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> certs.Certs:
+    """The local stack's CA and gateway certificate, made as ``make up`` makes them."""
+    return certs.ensure(tmp_path_factory.mktemp("certs"))
 
 
 @pytest_asyncio.fixture
-async def kubectl(nc: NATS, tmp_path: Path) -> AsyncIterator[Kubectl]:
+async def gateway(nc: NATS, tls: certs.Certs) -> AsyncIterator[ApiServer]:
+    """The gateway's own HTTP server with the local stack's TLS settings."""
     app = build_app(stores_for(nc), admin_token=TOKEN)
-    cert, key = await _certificate(tmp_path)
-    sock = bind("127.0.0.1", 0)
-    port = int(sock.getsockname()[1])
-    config = uvicorn.Config(
-        app, lifespan="off", log_config=None, access_log=False, ssl_certfile=str(cert), ssl_keyfile=str(key)
-    )
-    server = _Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    server = ApiServer(app, "127.0.0.1", 0, ssl_certfile=str(tls.cert), ssl_keyfile=str(tls.key))
+    await server.start()
     try:
-        await eventually(lambda: server.started, deadline_s=10, message="the gateway did not start")
-        config_path = tmp_path / "kubeconfig"
-        config_path.write_text(kubeconfig(f"https://127.0.0.1:{port}", TOKEN))
-        yield Kubectl(config_path, cert, tmp_path / "cache", tmp_path)
+        yield server
     finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 15)
+        await server.stop()
+
+
+@pytest.fixture
+def kubectl(gateway: ApiServer, tls: certs.Certs, tmp_path: Path) -> Kubectl:
+    assert gateway.url.startswith("https://127.0.0.1:")
+    config_path = tmp_path / "kubeconfig"
+    config_path.write_text(kubeconfig(gateway.url, TOKEN, tls.ca.read_bytes()))
+    return Kubectl(config_path, tmp_path / "cache", tmp_path)
 
 
 async def test_version_and_api_resources(kubectl: Kubectl) -> None:
@@ -214,3 +204,50 @@ async def test_get_watch_prints_rows_as_objects_change(kubectl: Kubectl, unique:
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_the_kubeconfig_carries_the_trust_and_the_token(
+    kubectl: Kubectl, gateway: ApiServer, tmp_path: Path
+) -> None:
+    # Without the CA data kubectl refuses the certificate, and over plain http it would send no token:
+    # the kubeconfig's certificate-authority-data is what makes the file work on its own.
+    untrusted = tmp_path / "untrusted"
+    untrusted.write_text(kubeconfig(gateway.url, TOKEN))
+    refused = await Kubectl(untrusted, tmp_path / "cache2", tmp_path)("get", "sweeps", ok=False)
+    assert refused.returncode == 1 and "certificate signed by unknown authority" in refused.stderr
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text(kubectl.kubeconfig.read_text().replace(TOKEN, "not-the-token"))
+    denied = await Kubectl(wrong, tmp_path / "cache3", tmp_path)("get", "sweeps", ok=False)
+    assert denied.returncode == 1 and "You must be logged in to the server" in denied.stderr
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    # As `make up` lays it out: the stack's root is .nodus in the working directory.
+    s = Stack(tmp_path / ".nodus")
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+async def test_the_kubeconfig_that_make_up_writes_works(stack: Stack, tmp_path: Path) -> None:
+    values = await asyncio.to_thread(stack.start, deadline_s=90)
+    assert values["NODUS_URL"].startswith("https://127.0.0.1:")
+    assert values["NODUS_CA"] == str(stack.root / "ca.crt")
+    local_env = (stack.root / "local.env").read_text()
+    assert (
+        f"NODUS_CA={values['NODUS_CA']}\n" in local_env
+        and f"NODUS_TOKEN={values['NODUS_TOKEN']}" in local_env
+    )
+    for private in ("kubeconfig", "local.env", "ca.key", "gateway.key"):
+        assert (stack.root / private).stat().st_mode & 0o077 == 0, private
+
+    kubectl = Kubectl(stack.kubeconfig, tmp_path / "cache", tmp_path)
+    listed = await kubectl("get", "sweeps")
+    assert "No resources found in default namespace." in listed.stderr
+    applied = await kubectl("apply", "-f", kubectl.manifest("lr"))
+    assert applied.stdout.strip() == "sweep.nodus.dev/lr created"
+    table = (await kubectl("get", "sweeps")).stdout.splitlines()
+    assert table[1].split()[0] == "lr"
+    assert (await kubectl("delete", "sweep", "lr")).returncode == 0

@@ -8,8 +8,9 @@ import pytest
 
 from nodus_scheduler.cataloging import load_catalog
 from nodus_scheduler.lifecycle import compress
-from nodus_scheduler.placing import NoPlacement, Placement, place
+from nodus_scheduler.placing import NoPlacement, Placement, place, rate_ceiling_of
 from nodus_schema.catalog import Catalog
+from nodus_schema.estimating import RATE_CEILING_ANNOTATION, rate_ceiling_micros
 from nodus_schema.gpus import GPURequest
 from nodus_schema.jobs import JobSpec, Resources
 from nodus_schema.jobs import Placement as JobPlacement
@@ -86,3 +87,34 @@ def test_catalog_has_the_families_and_two_region_classes(catalog: Catalog) -> No
 def test_completed_indexes_compress_as_kubernetes() -> None:
     assert compress([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8"
     assert compress([]) == ""
+
+
+# -- the rate ceiling of a create bound to an estimate (ADR-031) ----------------------------------
+
+
+def test_offerings_above_the_bound_rate_are_skipped(catalog: Catalog) -> None:
+    # Bound to the PCIe node's rate (2.49 $/h), + 10 %: 2.739 $/h; the SXM node (2.99) is above it.
+    ceiling = rate_ceiling_micros(2_490_000)
+    got = place(spec("H100:1"), NODES, {"h100-pcie"}, catalog, NOW, ceiling_micros=ceiling)
+    assert isinstance(got, NoPlacement)
+    assert got.message == "0/4 nodes: 2 other accelerator, 1 above the bound rate, 1 busy"
+    # Without a ceiling the SXM node takes it; with one it is exactly at (+10 % of 2.99 = 3.289), too.
+    assert isinstance(place(spec("H100:1"), NODES, {"h100-pcie"}, catalog, NOW), Placement)
+    at = place(
+        spec("H100:1"), NODES, {"h100-pcie"}, catalog, NOW, ceiling_micros=rate_ceiling_micros(2_990_000)
+    )
+    assert isinstance(at, Placement) and at.node.metadata.name == "h100-sxm"
+
+
+def test_the_ceiling_still_prefers_the_cheapest_under_it(catalog: Catalog) -> None:
+    got = place(spec("H100:1"), NODES, set(), catalog, NOW, ceiling_micros=rate_ceiling_micros(2_990_000))
+    assert isinstance(got, Placement) and got.node.metadata.name == "h100-pcie"
+
+
+def test_the_ceiling_is_read_from_the_annotation() -> None:
+    def meta(value: str | None) -> ObjectMeta:
+        return ObjectMeta(name="j", annotations={} if value is None else {RATE_CEILING_ANNOTATION: value})
+
+    assert rate_ceiling_of(meta("3289000")) == 3_289_000
+    assert rate_ceiling_of(meta(None)) is None
+    assert rate_ceiling_of(meta("lots")) is None  # not the gateway's: ignored rather than fatal

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from nodus_cli import commands
-from nodus_cli.client import Client, Unreachable
+from nodus_cli.client import BadCA, Client, Unreachable
 from nodus_cli.config import Config, load
 from nodus_cli.kinds import UnknownKind, resolve
 from nodus_cli.reporting import unreachable_text
@@ -21,8 +21,8 @@ examples:
   nodus describe sweep lr-sweep
   nodus delete sweep lr-sweep
 
-The gateway and token come from --server/--token, NODUS_URL/NODUS_TOKEN, or .nodus/local.env
-(written by `make up`) in this directory or a parent."""
+The gateway, token and CA come from --server/--token/--ca, NODUS_URL/NODUS_TOKEN/NODUS_CA, or
+.nodus/local.env (written by `make up`) in this directory or a parent."""
 
 
 def _connection_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -31,6 +31,12 @@ def _connection_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     default = argparse.SUPPRESS if suppress else None
     parser.add_argument("--server", default=default, help="the gateway URL (default: NODUS_URL, local.env)")
     parser.add_argument("--token", default=default, help="the bearer token (default: NODUS_TOKEN, local.env)")
+    parser.add_argument(
+        "--ca",
+        default=default,
+        metavar="FILE",
+        help="a CA (PEM) to trust for https (default: NODUS_CA, local.env)",
+    )
     parser.add_argument(
         "-n", "--namespace", default=default, help='the namespace (project) to work in (default "default")'
     )
@@ -91,12 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         # argparse exits on --help (0) and on usage errors (2, after printing the usage): return the code.
         return e.code if isinstance(e.code, int) else 2
     config = load(
-        server=args.server, token=args.token, namespace=args.namespace, environ=os.environ, cwd=Path.cwd()
+        server=args.server,
+        token=args.token,
+        namespace=args.namespace,
+        environ=os.environ,
+        cwd=Path.cwd(),
+        ca=args.ca,
     )
     try:
-        with Client(config.server, config.token) as client:
+        with Client(config.server, config.token, ca=config.ca) as client:
             return _dispatch(args, client, config)
-    except UnknownKind as e:
+    except (UnknownKind, BadCA) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except Unreachable as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any, Final
 
 import httpx
@@ -48,12 +49,33 @@ class Unreachable(Exception):
         self.server, self.detail, self.refused = server, detail, refused
 
 
+class BadCA(Exception):
+    """The CA file given to trust (--ca, NODUS_CA) cannot be read as PEM certificates."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(f"cannot use the CA file {path!r} (--ca or NODUS_CA): {detail}")
+        self.path, self.detail = path, detail
+
+
+def tls_context(ca: str | None) -> ssl.SSLContext:
+    """The system's CAs, and those in ``ca`` (a PEM file) as well: a local CA never stops other servers
+    from verifying."""
+    ctx = ssl.create_default_context()
+    if ca:
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+            raise BadCA(ca, getattr(e, "strerror", None) or str(e)) from None
+    return ctx
+
+
 class Client:
     def __init__(
         self,
         server: str,
         token: str | None,
         *,
+        ca: str | None = None,
         timeout: float = TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -61,7 +83,10 @@ class Client:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.server = server
-        self._http = httpx.Client(base_url=server, headers=headers, timeout=timeout, transport=transport)
+        verify = tls_context(ca) if server.startswith("https:") else True
+        self._http = httpx.Client(
+            base_url=server, headers=headers, timeout=timeout, transport=transport, verify=verify
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -94,6 +119,8 @@ class Client:
         try:
             resp = self._http.request(method, path, **kwargs)
         except httpx.ConnectError as e:
+            if _tls_failure(e):
+                raise Unreachable(self.server, _tls_detail(e), refused=False) from None
             raise Unreachable(self.server, str(e) or "connection refused", refused=True) from None
         except httpx.TimeoutException:
             raise Unreachable(self.server, "it did not answer in time", refused=False) from None
@@ -107,6 +134,25 @@ class Client:
                 )
             return body
         raise ApiError(_status_of(resp))
+
+
+def _tls_failure(e: BaseException) -> bool:
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _tls_detail(e: httpx.ConnectError) -> str:
+    text = str(e)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            f"its TLS certificate is not trusted ({text}); pass the CA that signed it with --ca or NODUS_CA "
+            "(the local stack's is .nodus/ca.crt, named in .nodus/local.env)"
+        )
+    return f"the TLS handshake failed ({text})"
 
 
 def _status_of(resp: httpx.Response) -> Status:

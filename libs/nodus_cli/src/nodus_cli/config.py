@@ -1,7 +1,10 @@
-"""Where the gateway is and which token to send: flags, then the environment, then ``.nodus/local.env``.
+"""Where the gateway is, which token to send and which CA to trust: flags, then the environment, then
+``.nodus/local.env``.
 
-``make up`` writes ``.nodus/local.env`` (NODUS_URL, NODUS_TOKEN) at the root of the checkout; the CLI
-finds it from the current directory or any parent, as git finds ``.git``.
+``make up`` writes ``.nodus/local.env`` (NODUS_URL, NODUS_TOKEN, NODUS_CA) at the root of the checkout; the
+CLI finds it from the current directory or any parent, as git finds ``.git``. The local gateway serves
+HTTPS with a certificate of the stack's own CA (NODUS_CA, ``.nodus/ca.crt``), which the CLI trusts on top
+of the system's CAs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class Config:
     """Whether -n was passed: only then may it contradict a manifest's own metadata.namespace."""
     local_env: Path | None
     """The local.env file read, if any (named in hints)."""
+    ca: str | None = None
+    """A PEM file of CA certificates trusted for an https server, besides the system's."""
 
 
 def find_local_env(start: Path) -> Path | None:
@@ -57,6 +62,7 @@ def load(
     namespace: str | None,
     environ: Mapping[str, str],
     cwd: Path,
+    ca: str | None = None,
 ) -> Config:
     local_env = find_local_env(cwd)
     local = read_env_file(local_env) if local_env else {}
@@ -64,11 +70,17 @@ def load(
     url = url.rstrip("/")
     # The local stack's token is only ever sent to the local stack's URL: a --server or NODUS_URL that
     # points elsewhere must not receive it.
-    local_token = local.get("NODUS_TOKEN") if local.get("NODUS_URL", "").rstrip("/") == url else None
+    is_local = local.get("NODUS_URL", "").rstrip("/") == url
+    local_token = local.get("NODUS_TOKEN") if is_local else None
+    # The same for its CA: trusted for the local stack's URL only.
+    local_ca = local.get("NODUS_CA") if is_local else None
+    if local_ca and local_env and not Path(local_ca).is_absolute():
+        local_ca = str(local_env.parent.parent / local_ca)  # relative to the checkout, as .nodus/ is
     return Config(
         server=url,
         token=token or environ.get("NODUS_TOKEN") or local_token,
         namespace=namespace or DEFAULT_NAMESPACE,
         namespace_given=namespace is not None,
         local_env=local_env,
+        ca=ca or environ.get("NODUS_CA") or local_ca,
     )

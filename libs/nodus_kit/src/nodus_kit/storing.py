@@ -130,14 +130,17 @@ class ObjectStore(Generic[T]):
         meta = _meta(obj)
         if not meta.name:
             raise ValueError("metadata.name is required to store an object")
+        # One replace does both the stamping and what _encode would (no resourceVersion in the value);
+        # the returned object gets its resourceVersion from the write below.
         stamped = msgspec.structs.replace(
             meta,
             uid=meta.uid or str(uuid.uuid4()),
             creation_timestamp=meta.creation_timestamp or now_rfc3339(),
+            resource_version=None,
         )
         obj = msgspec.structs.replace(obj, metadata=stamped)
         key = key_of(meta.namespace, meta.name)
-        data = self._encode(obj)
+        data = self._encoder.encode(obj)
         try:
             seq = await self._publish(key, data, last=0, op="create")
         except Conflict:

@@ -7,6 +7,12 @@ integer``) and tell the caller about fields it ignored (``spec.template.spec.com
 walks the result against ``msgspec.inspect.type_info(T)`` collecting every problem, and only when there is
 none decodes it typed with ``strict=True``.
 
+That walk is slow next to msgspec (tens of µs against a few for a Sweep), and almost every body is valid.
+So the typed decode goes first: when it succeeds, the walk could not have found a type error (it is never
+stricter than msgspec, except for the few checks the key walk below repeats), and only the unknown fields
+are left to find, which a walk over the object keys does (:class:`_KeyPlan`, built once per type). The full
+walk runs only when the typed decode fails, so every error is still reported, in the same words.
+
 Unknown fields are not errors here (msgspec ignores them, like Kubernetes' default ``fieldValidation=Warn``);
 :meth:`Decoded.unknown_errors` turns them into field errors for a strict caller.
 """
@@ -20,7 +26,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 from msgspec import inspect as mi
@@ -354,6 +360,7 @@ def decode(raw: bytes | str | Mapping[str, Any], typ: type[T]) -> Decoded[T]:
     """
     data: Any
     source: bytes | str | bytearray | memoryview
+    plan = _key_plan(typ)
     if isinstance(raw, bytes | bytearray | memoryview | str):
         source = raw
         try:
@@ -367,6 +374,24 @@ def decode(raw: bytes | str | Mapping[str, Any], typ: type[T]) -> Decoded[T]:
             source = _ENCODER.encode(raw)
         except (TypeError, msgspec.EncodeError) as e:
             return Decoded(None, [FieldError("", CauseType.TYPE_INVALID, f"not JSON data: {e}")])
+        # Builtins that are not JSON's own (a date or an int key from YAML, a tuple) turn into something
+        # else through JSON, which msgspec would take where the walk refuses them: the full walk judges.
+        if plan is not _SLOW and msgspec.json.decode(source) != data:
+            plan = _SLOW
+    if plan is not _SLOW:
+        # The fast path: a valid body needs no error walk, only the search for unknown fields.
+        try:
+            value = msgspec.json.decode(source, type=typ, strict=True)
+        except msgspec.ValidationError:
+            pass  # the full walk below reports it, with every other problem
+        else:
+            keys = _KeyWalker()
+            try:
+                keys.walk(data, plan, None)
+            except _NeedsFullWalk:
+                pass  # a value msgspec took but the walk refuses (an integer out of range)
+            else:
+                return Decoded(value, [], keys.unknown, keys.suggestions, data)
     walker = _Walker()
     walker.walk(data, _type_info(typ), Path())
     result: Decoded[T] = Decoded(None, walker.errors, walker.unknown, walker.suggestions, data)
@@ -378,3 +403,195 @@ def decode(raw: bytes | str | Mapping[str, Any], typ: type[T]) -> Decoded[T]:
         # The walk checks what the wire types use; anything it let through is caught here.
         result.errors.append(_msgspec_error(e))
     return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fast path: unknown fields of a value msgspec already accepted
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _NeedsFullWalk(Exception):
+    """The key walk met a value the full walk would refuse: run the full walk for the errors."""
+
+
+class _Slow:
+    """The plan of a type whose every value goes through the full walk (see :func:`_plan_of`)."""
+
+
+_SLOW: Any = _Slow()
+"""A type the key walk cannot vouch for: a dict with non-string keys or an array-like struct (the full
+walk is stricter than msgspec there), or a scalar the full walk checks with msgspec.convert."""
+_INT: Any = "int"
+"""An integer: the full walk refuses values outside int64/uint64, which msgspec decodes."""
+
+_INT64_MIN, _UINT64_END = -(2**63), 2**64
+
+
+class _StructPlan:
+    """A struct's fields by wire name, each with the plan of its value (None: nothing to look at)."""
+
+    __slots__ = ("fields", "names", "plans", "tag_field")
+
+    def __init__(self) -> None:
+        self.fields: frozenset[str] = frozenset()
+        self.names: list[str] = []
+        self.plans: dict[str, Any] = {}
+        self.tag_field: str | None = None
+
+
+class _ListPlan:
+    __slots__ = ("item",)
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+
+
+class _TuplePlan:
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+
+class _DictPlan:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _UnionPlan:
+    """The members in order, each with its plan: the JSON kind of a value picks the member (walk_union)."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, members: list[tuple[mi.Type, Any]]) -> None:
+        self.members = members
+
+
+_KEY_PLANS: dict[Any, Any] = {}
+# Scalars msgspec decodes exactly as strictly as the full walk checks them.
+_PLAIN: Final = (mi.StrType, mi.BoolType, mi.NoneType, mi.LiteralType, mi.AnyType, mi.RawType, mi.FloatType)
+
+
+def _key_plan(typ: Any) -> Any:
+    plan = _KEY_PLANS.get(typ, _MISSING)
+    if plan is _MISSING:
+        plan = _KEY_PLANS[typ] = _plan_of(_type_info(typ), {})
+    return plan
+
+
+_MISSING: Any = object()
+
+
+def _plan_of(t: mi.Type, structs: dict[Any, _StructPlan]) -> Any:
+    """What the key walk does with a value of type ``t``: None (nothing), _INT, _SLOW or a plan object."""
+    if isinstance(t, _PLAIN):
+        return None
+    if isinstance(t, mi.IntType):
+        return _INT
+    if isinstance(t, mi.StructType):
+        if t.array_like:
+            return _SLOW
+        plan = structs.get(t.cls)
+        if plan is not None:
+            return plan  # a recursive type: its plan is being filled in further up
+        plan = structs[t.cls] = _StructPlan()
+        plan.tag_field = t.tag_field
+        plan.names = [f.encode_name for f in t.fields]
+        plan.fields = frozenset(plan.names)
+        for f in t.fields:
+            sub = _plan_of(f.type, structs)
+            if sub is _SLOW:
+                return _SLOW
+            if sub is not None:
+                plan.plans[f.encode_name] = sub
+        return plan
+    if isinstance(t, mi.ListType | mi.SetType | mi.FrozenSetType | mi.VarTupleType):
+        item = _plan_of(t.item_type, structs)
+        return item if item is _SLOW else (None if item is None else _ListPlan(item))
+    if isinstance(t, mi.TupleType):
+        items = [_plan_of(it, structs) for it in t.item_types]
+        if _SLOW in items:
+            return _SLOW
+        return None if all(i is None for i in items) else _TuplePlan(items)
+    if isinstance(t, mi.DictType):
+        if not isinstance(t.key_type, mi.StrType | mi.AnyType):
+            return _SLOW
+        value = _plan_of(t.value_type, structs)
+        return value if value is _SLOW else (None if value is None else _DictPlan(value))
+    if isinstance(t, mi.UnionType):
+        members = [(m, _plan_of(m, structs)) for m in t.types]
+        if any(p is _SLOW for _, p in members):
+            return _SLOW
+        return None if all(p is None for _, p in members) else _UnionPlan(members)
+    return _SLOW
+
+
+class _KeyWalker:
+    """The unknown fields (and their suggestions) of a value msgspec decoded, found by walking its keys.
+
+    Paths are built only for an unknown field: a walk carries ``(parent, segment)`` pairs instead."""
+
+    __slots__ = ("suggestions", "unknown")
+
+    def __init__(self) -> None:
+        self.unknown: list[str] = []
+        self.suggestions: dict[str, str] = {}
+
+    def walk(self, v: Any, plan: Any, path: Any) -> None:
+        cls = type(plan)
+        if cls is _StructPlan:
+            self.walk_struct(v, plan, path)
+        elif plan is _INT:
+            if type(v) is int and not _INT64_MIN <= v < _UINT64_END:
+                raise _NeedsFullWalk
+        elif cls is _ListPlan:
+            item = plan.item
+            for i, x in enumerate(v):
+                self.walk(x, item, (path, i))
+        elif cls is _DictPlan:
+            value = plan.value
+            for k, x in v.items():
+                self.walk(x, value, (path, (k,)))
+        elif cls is _UnionPlan:
+            for member, sub in plan.members:
+                if _accepts_kind(member, v):
+                    if sub is not None:
+                        self.walk(v, sub, path)
+                    return
+        elif cls is _TuplePlan:
+            for i, (x, sub) in enumerate(zip(v, plan.items, strict=True)):
+                if sub is not None:
+                    self.walk(x, sub, (path, i))
+
+    def walk_struct(self, v: Any, plan: _StructPlan, path: Any) -> None:
+        fields, plans = plan.fields, plan.plans
+        for key, item in v.items():
+            if key in fields:
+                sub = plans.get(key)
+                if sub is not None:
+                    self.walk(item, sub, (path, key))
+            elif key != plan.tag_field:
+                child = _render((path, key))
+                self.unknown.append(child)
+                hint = suggest(key, plan.names)
+                if hint is not None:
+                    self.suggestions[child] = hint
+
+
+def _render(path: Any) -> str:
+    """``(((None, "spec"), "inputs"), 2)`` → ``spec.inputs[2]``; a 1-tuple segment is a map key: ``[k]``."""
+    segments: list[Any] = []
+    while path is not None:
+        path, segment = path
+        segments.append(segment)
+    out = Path()
+    for segment in reversed(segments):
+        if isinstance(segment, int):
+            out = out.index(segment)
+        elif isinstance(segment, tuple):
+            out = out.key(segment[0])
+        else:
+            out = out.child(segment)
+    return str(out)

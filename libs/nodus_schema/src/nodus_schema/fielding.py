@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class CauseType(StrEnum):
@@ -36,23 +37,74 @@ class FieldError:
         return f"{self.field}: {self.message}"
 
 
-@dataclass(frozen=True, slots=True)
+_ROOT, _CHILD, _INDEX, _KEY = 0, 1, 2, 3
+
+
 class Path:
-    """A field path that renders as Kubernetes does: ``spec.inputs[2].name``, ``metadata.labels[a/b]``."""
+    """A field path that renders as Kubernetes does: ``spec.inputs[2].name``, ``metadata.labels[a/b]``.
 
-    text: str = ""
+    Cheap to extend: validation builds a path for nearly every field it looks at and needs the text only
+    for the few fields with an error, so a path is its parent and its last segment, and the text is put
+    together only when asked for (``str(path)``, ``path.text``). A path is never changed once made (its
+    attributes are private); paths compare and hash by their text.
+    """
 
+    __slots__ = ("_kind", "_parent", "_segment")
+
+    _parent: Path | None
+    _kind: int
+    _segment: Any
+
+    def __init__(self, text: str = "") -> None:
+        self._parent, self._kind, self._segment = None, _ROOT, text
+
+    # Not through __init__: a path is made per field looked at, so three attribute stores are all.
     def child(self, name: str) -> Path:
-        return Path(f"{self.text}.{name}" if self.text else name)
+        p = _new_path(Path)
+        p._parent, p._kind, p._segment = self, _CHILD, name
+        return p
 
     def index(self, i: int) -> Path:
-        return Path(f"{self.text}[{i}]")
+        p = _new_path(Path)
+        p._parent, p._kind, p._segment = self, _INDEX, i
+        return p
 
     def key(self, k: str) -> Path:
-        return Path(f"{self.text}[{k}]")
+        p = _new_path(Path)
+        p._parent, p._kind, p._segment = self, _KEY, k
+        return p
+
+    @property
+    def text(self) -> str:
+        segments: list[Path] = []
+        path = self
+        while path._parent is not None:
+            segments.append(path)
+            path = path._parent
+        text: str = path._segment
+        for p in reversed(segments):
+            if p._kind == _CHILD:
+                text = f"{text}.{p._segment}" if text else p._segment
+            else:
+                text = f"{text}[{p._segment}]"
+        return text
 
     def __str__(self) -> str:
         return self.text
+
+    def __repr__(self) -> str:
+        return f"Path(text={self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Path):
+            return self.text == other.text
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+_new_path = object.__new__
 
 
 class ErrorList:

@@ -18,6 +18,7 @@ requests that set them are only written as objects.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import msgspec
@@ -31,6 +32,7 @@ __all__ = [
     "format_topology",
     "has_string_form",
     "parse_gpu",
+    "parse_gpu_parts",
     "parse_topology",
 ]
 
@@ -56,8 +58,27 @@ _GPU_RE = re.compile(rf"(?P<types>{_TYPE}(?:,{_TYPE})*)(?::(?P<count>[0-9]+))?")
 
 def parse_gpu(text: str) -> GPURequest:
     """Parse the string form (``"H100:1"``, ``"H100"``, ``"H100,A100:2"``); see the module docstring."""
+    count, types = parse_gpu_parts(text)
+    return GPURequest(count=count, type=list(types))
+
+
+# A GPU string is short; longer ones are parsed every time rather than kept (a body may hold megabytes).
+_CACHED_LEN = 64
+
+
+def parse_gpu_parts(text: str) -> tuple[int, tuple[str, ...]]:
+    """The count and the types of the string form, as :func:`parse_gpu` reads them (raises ValueError).
+
+    Kept per string: validation and defaulting read the same few strings over and over. The answer is a
+    tuple, so that no caller can change what the next one gets (a GPURequest could be changed)."""
     if not isinstance(text, str):
         raise ValueError(f"a GPU request string must be a string, not {type(text).__name__}")
+    if len(text) <= _CACHED_LEN:
+        return _cached_parts(text)
+    return _parse_parts(text)
+
+
+def _parse_parts(text: str) -> tuple[int, tuple[str, ...]]:
     m = _GPU_RE.fullmatch(text)
     if m is None:
         if not text:
@@ -72,7 +93,10 @@ def parse_gpu(text: str) -> GPURequest:
     count = int(count_text) if count_text is not None else 1
     if count < 1:
         raise ValueError(f"GPU request {text!r} asks for {count} GPUs; the count must be at least 1")
-    return GPURequest(count=count, type=m["types"].split(","))
+    return count, tuple(m["types"].split(","))
+
+
+_cached_parts = functools.lru_cache(maxsize=1024)(_parse_parts)
 
 
 def has_string_form(req: GPURequest) -> bool:

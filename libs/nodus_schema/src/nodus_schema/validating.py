@@ -13,6 +13,7 @@ per part of the spec, each appending to one :class:`ErrorList`.
 
 from __future__ import annotations
 
+import functools
 import math
 import posixpath
 import re
@@ -23,7 +24,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from nodus_schema.fielding import CauseType, ErrorList, FieldError, Path
-from nodus_schema.gpus import GPURequest, parse_gpu
+from nodus_schema.gpus import GPURequest, parse_gpu_parts
 from nodus_schema.jobs import (
     CHECKPOINT_FORMATS,
     CHECKPOINT_INTEGRATIONS,
@@ -240,6 +241,21 @@ def _unique(errs: ErrorList, items: Iterable[tuple[Path, str | None]]) -> None:
         seen.add(value)
 
 
+def _unique_at(errs: ErrorList, path: Path, values: Sequence[str | None], field: str | None = None) -> None:
+    """:func:`_unique` for ``values[i]`` at ``path[i]`` (or ``path[i].field``); paths built only for a
+    duplicate."""
+    if len(values) < 2:
+        return
+    seen: set[str] = set()
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if value in seen:
+            at = path.index(i)
+            errs.duplicate(at if field is None else at.child(field), value)
+        seen.add(value)
+
+
 def _max_items(errs: ErrorList, path: Path, items: Sequence[object], limit: int) -> None:
     if len(items) > limit:
         errs.too_many(path, len(items), limit)
@@ -408,7 +424,7 @@ def validate_object_meta(meta: ObjectMeta, path: Path | str = "metadata", *, max
     ``max_name`` is the longest name the kind allows (63 for Jobs, :data:`MAX_SWEEP_NAME` for Sweeps).
     """
     errs = ErrorList()
-    p = Path(str(path))
+    p = path if isinstance(path, Path) else Path(path)
     if meta.name is None and meta.generate_name is None:
         errs.required(p.child("name"), "Required value: name or generateName is required")
     _dns_label(errs, p.child("name"), meta.name, max_name)
@@ -445,28 +461,45 @@ def _gpu_types(errs: ErrorList, path: Path, types: list[str]) -> None:
         _pattern(
             errs, path.index(i), t, _GPU_TYPE, "an accelerator id or family such as 'H100' or 'a100-80g'"
         )
-    _unique(errs, ((path.index(i), t) for i, t in enumerate(types)))
+    _unique_at(errs, path, types)
 
 
 def _gpu_string(errs: ErrorList, path: Path, value: str) -> None:
     """The "H100:1" form: every problem is reported at the string's own path, where the user wrote it."""
+    for message in _gpu_string_problems(value):
+        errs.invalid(path, value, message)
+
+
+def _gpu_string_problems(value: str) -> tuple[str, ...]:
+    """What is wrong with a GPU string, as messages (kept per short string: pure, and read often)."""
+    if isinstance(value, str) and len(value) <= _CACHED_GPU_LEN:
+        return _cached_gpu_string_problems(value)
+    return _gpu_string_problems_of(value)
+
+
+def _gpu_string_problems_of(value: str) -> tuple[str, ...]:
     try:
-        req = parse_gpu(value)
+        count, types = parse_gpu_parts(value)
     except ValueError as e:
-        errs.invalid(path, value, str(e))
-        return
-    if req.count not in ALLOWED_GPU_COUNTS:
-        errs.invalid(path, value, f"asks for {req.count} GPUs per node; the count {_GPU_COUNT_HINT}")
-    if len(req.type) > MAX_GPU_TYPES:
-        errs.invalid(path, value, f"lists {len(req.type)} types; at most {MAX_GPU_TYPES}")
-    if len(set(req.type)) != len(req.type):
-        errs.invalid(path, value, "lists a type twice")
+        return (str(e),)
+    out = []
+    if count not in ALLOWED_GPU_COUNTS:
+        out.append(f"asks for {count} GPUs per node; the count {_GPU_COUNT_HINT}")
+    if len(types) > MAX_GPU_TYPES:
+        out.append(f"lists {len(types)} types; at most {MAX_GPU_TYPES}")
+    if len(set(types)) != len(types):
+        out.append("lists a type twice")
+    return tuple(out)
+
+
+_CACHED_GPU_LEN: Final = 64
+_cached_gpu_string_problems = functools.lru_cache(maxsize=1024)(_gpu_string_problems_of)
 
 
 def gpu_request_errors(value: GPURequest | str, path: Path | str) -> ErrorList:
     """Every problem with one GPU request, in the object or the string form."""
     errs = ErrorList()
-    p = Path(str(path))
+    p = path if isinstance(path, Path) else Path(path)
     if isinstance(value, str):
         _gpu_string(errs, p, value)
         return errs
@@ -480,10 +513,13 @@ def gpu_request_errors(value: GPURequest | str, path: Path | str) -> ErrorList:
 
 def _gpu_count(value: GPURequest | str | None) -> int | None:
     """The GPUs per node a valid request asks for (1 when unset, as the string form reads); else None."""
-    if value is None or gpu_request_errors(value, ""):
+    if value is None:
         return None
-    req = parse_gpu(value) if isinstance(value, str) else value
-    return req.count if req.count is not None else 1
+    if isinstance(value, str):
+        return None if _gpu_string_problems(value) else parse_gpu_parts(value)[0]
+    if gpu_request_errors(value, ""):
+        return None
+    return value.count if value.count is not None else 1
 
 
 def _resources(errs: ErrorList, path: Path, res: Resources | None) -> None:
@@ -603,7 +639,7 @@ def _env_var(errs: ErrorList, path: Path, e: EnvVar) -> None:
 def _env_list(errs: ErrorList, path: Path, env: list[EnvVar]) -> None:
     for i, e in enumerate(env):
         _env_var(errs, path.index(i), e)
-    _unique(errs, ((path.index(i).child("name"), e.name) for i, e in enumerate(env)))
+    _unique_at(errs, path, [e.name for e in env], "name")
 
 
 def _secrets(errs: ErrorList, path: Path, secrets: list[SecretMount | str]) -> None:
@@ -673,7 +709,7 @@ def _sidecars(errs: ErrorList, path: Path, sidecars: list[Sidecar]) -> None:
             _required(errs, sp.child("image"), s.image, "an image, or leave it unset for the Job's image")
         _env_list(errs, sp.child("env"), s.env)
         _duration(errs, sp.child("startupTimeout"), s.startup_timeout, positive=True)
-    _unique(errs, ((path.index(i).child("name"), s.name) for i, s in enumerate(sidecars)))
+    _unique_at(errs, path, [s.name for s in sidecars], "name")
 
 
 def _container(errs: ErrorList, path: Path, spec: JobSpec) -> None:
@@ -688,7 +724,7 @@ def _container(errs: ErrorList, path: Path, spec: JobSpec) -> None:
     for field, names in (("imagePullSecrets", spec.image_pull_secrets), ("connections", spec.connections)):
         for i, n in enumerate(names):
             _object_name(errs, path.child(field).index(i), n)
-        _unique(errs, ((path.child(field).index(i), n) for i, n in enumerate(names)))
+        _unique_at(errs, path.child(field), names)
     _object_name(errs, path.child("serviceAccountName"), spec.service_account_name)
     _source(errs, path.child("source"), spec.source)
     _init_command(errs, path.child("initCommand"), spec.init_command)
@@ -775,7 +811,7 @@ def _inputs(errs: ErrorList, path: Path, inputs: list[JobInput]) -> None:
                 "a letter, then up to 63 letters, digits or '_'",
             )
         _input_source(errs, ip, inp)
-    _unique(errs, ((path.index(i).child("name"), inp.name) for i, inp in enumerate(inputs)))
+    _unique_at(errs, path, [inp.name for inp in inputs], "name")
 
 
 def _output_name(errs: ErrorList, path: Path, name: str | None) -> None:
@@ -813,7 +849,7 @@ def _outputs(errs: ErrorList, path: Path, outputs: list[JobOutput]) -> None:
     _max_items(errs, path, outputs, MAX_OUTPUTS)
     for i, out in enumerate(outputs):
         _output(errs, path.index(i), out)
-    _unique(errs, ((path.index(i).child("name"), o.name) for i, o in enumerate(outputs)))
+    _unique_at(errs, path, [o.name for o in outputs], "name")
 
 
 def _volumes(errs: ErrorList, path: Path, volumes: list[VolumeMount]) -> None:
@@ -826,7 +862,7 @@ def _volumes(errs: ErrorList, path: Path, volumes: list[VolumeMount]) -> None:
         _int_range(errs, vp.child("revision"), v.revision, 1)
         if v.revision is not None and not v.read_only:
             errs.forbidden(vp.child("revision"), "a revision can only be pinned with readOnly: true")
-    _unique(errs, ((path.index(i).child("mountPath"), v.mount_path) for i, v in enumerate(volumes)))
+    _unique_at(errs, path, [v.mount_path for v in volumes], "mountPath")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -837,7 +873,7 @@ def _volumes(errs: ErrorList, path: Path, volumes: list[VolumeMount]) -> None:
 def _names(errs: ErrorList, path: Path, names: list[str]) -> None:
     for i, n in enumerate(names):
         _dns_label(errs, path.index(i), n)
-    _unique(errs, ((path.index(i), n) for i, n in enumerate(names)))
+    _unique_at(errs, path, names)
 
 
 def _placement(errs: ErrorList, path: Path, pl: Placement | None) -> None:
@@ -867,7 +903,7 @@ def _checkpoint(errs: ErrorList, path: Path, cp: CheckpointPolicy) -> None:
     _max_items(errs, path.child("paths"), cp.paths, MAX_CHECKPOINT_PATHS)
     for i, p in enumerate(cp.paths):
         _target_path(errs, path.child("paths").index(i), p, extra=READ_ONLY_PATHS)
-    _unique(errs, ((path.child("paths").index(i), p) for i, p in enumerate(cp.paths)))
+    _unique_at(errs, path.child("paths"), cp.paths)
     _duration(errs, path.child("retainAfterFinish"), cp.retain_after_finish)
 
 
@@ -901,7 +937,7 @@ def _egress(errs: ErrorList, path: Path, eg: Egress) -> None:
     for i, host in enumerate(eg.allow):
         if len(host) > 253 or _EGRESS_HOST.fullmatch(host) is None:
             errs.invalid(ap.index(i), host, "must be a lower case DNS name or a *.suffix pattern")
-    _unique(errs, ((ap.index(i), h) for i, h in enumerate(eg.allow)))
+    _unique_at(errs, ap, eg.allow)
     _names(errs, path.child("presets"), eg.presets)
 
 
@@ -962,7 +998,7 @@ def validate_job_spec(spec: JobSpec, path: Path | str = "spec", *, gpu_swept: bo
     """Every rule of a JobSpec. ``gpu_swept`` is set for a Sweep template whose matrix sets the GPUs: the
     template then needs no GPU request of its own, and the Sweep checks each matrix value against the gang."""
     errs = ErrorList()
-    p = Path(str(path))
+    p = path if isinstance(path, Path) else Path(path)
     _counts_and_times(errs, p, spec)
     _container(errs, p, spec)
     _resources(errs, p.child("resources"), spec.resources)
@@ -1001,11 +1037,13 @@ def count_cells(spec: SweepSpec) -> int:
 
 def _gpu_key(value: GPURequest | str) -> str | None:
     """A canonical form to find duplicate matrix GPU values, or None for a value that does not parse."""
-    try:
-        req = parse_gpu(value) if isinstance(value, str) else value
-    except ValueError:
-        return None
-    return f"{sorted(req.type)}:{req.count or 1}:{req.exact}:{req.interconnect}:{req.min_memory}"
+    if isinstance(value, str):
+        try:
+            count, types = parse_gpu_parts(value)
+        except ValueError:
+            return None
+        return f"{sorted(types)}:{count or 1}:None:None:None"
+    return f"{sorted(value.type)}:{value.count or 1}:{value.exact}:{value.interconnect}:{value.min_memory}"
 
 
 def _matrix_gpus(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
@@ -1024,7 +1062,7 @@ def _matrix_gpus(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
                 gp, _show(g), f"has {count} GPUs per node, but the template's gang has {d.gpus_per_node}"
             )
         _total_gpus_topology(errs, gp, d.total_gpus, count)
-    _unique(errs, ((path.index(i), _gpu_key(g)) for i, g in enumerate(gpus)))
+    _unique_at(errs, path, [_gpu_key(g) for g in gpus])
 
 
 def _show(value: GPURequest | str) -> str:
@@ -1040,7 +1078,7 @@ def _matrix_params(errs: ErrorList, path: Path, m: SweepMatrix, spec: JobSpec) -
         )
         if not values:
             errs.required(pp, f"Required value: at least one value for {name}")
-        _unique(errs, ((pp.index(i), v) for i, v in enumerate(values)))
+        _unique_at(errs, pp, values)
         if f"NODUS_PARAM_{name}" in env_names:
             errs.forbidden(pp, f"the template's env already sets NODUS_PARAM_{name}; remove one of them")
 

@@ -3,13 +3,18 @@
 ``python -m nodus_testing.localstack up|down|status`` (the Makefile's ``make up`` and ``make down``;
 ``make run`` starts its own stack in ``.nodus/run`` and drives it with the ``nodus`` CLI). State lives
 in ``.nodus/``: the servers' data, one log per process, ``stack.json`` (pids and ports, so ``down``
-works from another shell), ``local.env`` (URLs and an admin token) and ``kubeconfig``.
+works from another shell), ``local.env`` (URLs, an admin token and the CA) and ``kubeconfig``.
 End-to-end tests start the same :class:`Stack` in a temporary directory.
+
+The gateway serves HTTPS with a certificate from a local CA (:mod:`nodus_testing.certs`, ``ca.crt`` in the
+root): kubectl sends a kubeconfig's token only over TLS. ``NODUS_CA`` in local.env and the kubeconfig's
+``certificate-authority-data`` are that CA. The services' health ports stay plain HTTP.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import secrets
@@ -21,6 +26,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodus_testing import certs
 from nodus_testing.natsserver import NatsServer
 from nodus_testing.processes import free_port
 from nodus_testing.seaweed import SeaweedS3
@@ -57,6 +63,7 @@ class Stack:
         every service answers /readyz. Returns the variables written to local.env."""
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "logs").mkdir(exist_ok=True)
+        tls = certs.ensure(self.root)
         nats = NatsServer(store_dir=self._dir("nats"))
         nats.start()
         s3 = SeaweedS3(data_dir=self._dir("s3"))
@@ -74,7 +81,11 @@ class Stack:
             "PYTHONUNBUFFERED": "1",
         }
         for short, module in SERVICES:
-            self.procs.append(Proc(short, [sys.executable, "-m", module], dict(base), free_port()))
+            env = dict(base)
+            if short == "gateway":
+                env["NODUS_GATEWAY_TLS_CERT"] = str(tls.cert)
+                env["NODUS_GATEWAY_TLS_KEY"] = str(tls.key)
+            self.procs.append(Proc(short, [sys.executable, "-m", module], env, free_port()))
         for i, extra in enumerate(self.agents):
             name = extra.get("NODUS_AGENT_NODE", f"agent-{i}")
             env = {
@@ -89,14 +100,20 @@ class Stack:
         self._save(nats, s3)
         self._wait_ready(deadline_s)
         values = {
-            "NODUS_URL": f"http://127.0.0.1:{gateway_port}",
+            "NODUS_URL": f"https://127.0.0.1:{gateway_port}",
             "NODUS_TOKEN": token,
+            "NODUS_CA": str(tls.ca),
             "NODUS_NATS_URL": nats.url,
             "NODUS_S3_ENDPOINT": s3.endpoint_url,
         }
-        (self.root / "local.env").write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-        (self.root / "kubeconfig").write_text(kubeconfig(values["NODUS_URL"], token))
+        # Both hold the admin token: readable by their owner only.
+        _write_private(self.root / "local.env", "".join(f"{k}={v}\n" for k, v in values.items()))
+        _write_private(self.kubeconfig, kubeconfig(values["NODUS_URL"], token, tls.ca.read_bytes()))
         return values
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
 
     def _dir(self, name: str) -> Path:
         d = self.root / name
@@ -169,14 +186,33 @@ class Stack:
         return rows
 
 
-def kubeconfig(url: str, token: str) -> str:
+def kubeconfig(url: str, token: str, ca_pem: bytes | None = None) -> str:
+    """A kubeconfig for the gateway at ``url`` as ``admin``. kubectl sends the token only to an https
+    ``url``; ``ca_pem`` is the CA it trusts for it (else the system's)."""
+    # JSON strings are YAML strings: quoted, so that no token or URL is ever read as another YAML type.
+    ca = f"    certificate-authority-data: {base64.b64encode(ca_pem).decode()}\n" if ca_pem else ""
     return (
         "apiVersion: v1\nkind: Config\ncurrent-context: nodus-local\n"
-        f"clusters:\n- name: nodus-local\n  cluster:\n    server: {url}\n"
-        f"users:\n- name: admin\n  user:\n    token: {token}\n"
+        f"clusters:\n- name: nodus-local\n  cluster:\n    server: {json.dumps(url)}\n{ca}"
+        f"users:\n- name: admin\n  user:\n    token: {json.dumps(token)}\n"
         "contexts:\n- name: nodus-local\n  context:\n    cluster: nodus-local\n    user: admin\n"
         "    namespace: default\n"
     )
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _shell_path(path: Path) -> str:
+    """``$PWD/...`` for a path under the current directory (as people paste it), else the path."""
+    try:
+        return f"$PWD/{path.resolve().relative_to(Path.cwd().resolve())}"
+    except ValueError:
+        return str(path)
 
 
 def _ready(port: int) -> bool:
@@ -259,7 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     values = stack.start()
     print(f"local stack up: logs in {stack.root}/logs, settings in {stack.root}/local.env")
     for k, v in values.items():
-        print(f"  {k}={v if k != 'NODUS_TOKEN' else v[:4] + '…'}")
+        print(f"  {k}={v}" + ("  (the admin token)" if k == "NODUS_TOKEN" else ""))
+    if stack.root.name == ".nodus":
+        print("the nodus CLI reads local.env from here or any directory below; for kubectl:")
+    else:  # the CLI looks for .nodus/local.env only
+        print(f"for the nodus CLI: set -a; . {_shell_path(stack.root / 'local.env')}; set +a; for kubectl:")
+    print(f"  export KUBECONFIG={_shell_path(stack.kubeconfig)}")
     return 0
 
 

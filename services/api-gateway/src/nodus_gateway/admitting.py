@@ -5,6 +5,10 @@ together (``fieldValidation=Strict``, with "did you mean"), then all rule violat
 come first because the rules need a typed object to run on. An update (PUT, every patch, an apply) also
 runs the update rules (immutable fields, raise-only caps), keeps the stored status and identity, and
 moves metadata.generation on a spec change only.
+
+The rate ceiling annotation (``nodus.dev/rate-ceiling-micros-per-hour``, ADR-031) is the server's: a
+create sets it only when bound to a dry-run's estimate by ``If-Match`` (:func:`bind`), an update keeps the
+stored value, and a value a user sends is dropped.
 """
 
 from __future__ import annotations
@@ -17,9 +21,16 @@ from typing import Any, Final
 
 import msgspec
 
+from nodus_gateway.estimating import COMPUTE_KINDS
 from nodus_gateway.resources import Resource
 from nodus_gateway.responding import ApiError, invalid
 from nodus_schema import API_VERSION, CauseType, Decoded, FieldError, Job, Sweep, decode, to_builtins
+from nodus_schema.estimating import (
+    RATE_CEILING_ANNOTATION,
+    EstimateBinding,
+    bind_estimate,
+    rate_ceiling_micros,
+)
 from nodus_schema.meta import ManagedFieldsEntry, now_rfc3339
 from nodus_schema.updating import validate_update
 
@@ -244,6 +255,9 @@ def _kept_from(new: Any, old: Any) -> Any:
         deletion_grace_period_seconds=old.metadata.deletion_grace_period_seconds,
         generation=old.metadata.generation,
         managed_fields=old.metadata.managed_fields,
+        annotations=_with_ceiling(
+            new.metadata.annotations, old.metadata.annotations.get(RATE_CEILING_ANNOTATION)
+        ),
         self_link=None,
     )
     kept = msgspec.structs.replace(new, metadata=meta)
@@ -296,10 +310,54 @@ def _server_owned(obj: Any, namespace: str | None) -> Any:
         generation=1,
         self_link=None,
         managed_fields=[],
+        annotations=_with_ceiling(obj.metadata.annotations, None),
     )
     if "status" not in type(obj).__struct_fields__:
         return msgspec.structs.replace(obj, metadata=meta)
     return msgspec.structs.replace(obj, metadata=meta, status=type(obj.status)())
+
+
+def _with_ceiling(annotations: dict[str, str], ceiling: str | None) -> dict[str, str]:
+    """``annotations`` with the rate ceiling set to ``ceiling`` (removed when None), whatever they said."""
+    out = {k: v for k, v in annotations.items() if k != RATE_CEILING_ANNOTATION}
+    if ceiling is not None:
+        out[RATE_CEILING_ANNOTATION] = ceiling
+    return out
+
+
+def binding_of(if_match: str, spec: Any) -> EstimateBinding | None:
+    """The estimate an If-Match header binds ``spec`` to: the first of its entity tags that does."""
+    for tag in if_match.split(","):
+        binding = bind_estimate(tag, spec)
+        if binding is not None:
+            return binding
+    return None
+
+
+def bind(res: Resource, admitted: Admitted, if_match: str | None) -> Admitted:
+    """A create bound by ``If-Match`` to a dry-run's estimate (ADR-031): admitted whatever the time (the
+    estimate's validUntil is not compared), and never placed above the bound rate + 10 %, which the rate
+    ceiling annotation carries to the scheduler. A tag made for another spec (or none of the dry-run's):
+    412 PreconditionFailed. Kinds without an estimate ignore If-Match on create, as Kubernetes does."""
+    if not if_match or not if_match.strip() or res.kind not in COMPUTE_KINDS:
+        return admitted
+    obj = admitted.obj
+    binding = binding_of(if_match, obj.spec)
+    if binding is None:
+        name = obj.metadata.name or obj.metadata.generate_name
+        raise ApiError.of(
+            "PreconditionFailed",
+            f"the estimate this create is bound to no longer matches: If-Match {if_match.strip()} is not the "
+            f"ETag of a dry-run of this {res.kind} (the spec changed since, or it is not a dry-run's ETag); "
+            "dry-run again",
+            name=name,
+            kind=res.kind,
+        )
+    if binding.rate_micros_per_hour is None:
+        return admitted  # the estimate had no rate (nothing matched): there is no ceiling to carry
+    ceiling = str(rate_ceiling_micros(binding.rate_micros_per_hour))
+    meta = msgspec.structs.replace(obj.metadata, annotations=_with_ceiling(obj.metadata.annotations, ceiling))
+    return Admitted(msgspec.structs.replace(obj, metadata=meta), admitted.warnings)
 
 
 def with_generated_name(obj: Any) -> Any:

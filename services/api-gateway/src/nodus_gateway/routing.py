@@ -6,7 +6,7 @@ Paths are Kubernetes': ``/apis/nodus.dev/v1/namespaces/{namespace}/{plural}[/{na
 =========================  ==================  ======================================================
 route                      verb                parameters
 =========================  ==================  ======================================================
-POST   collection          create              fieldValidation
+POST   collection          create              fieldValidation, dryRun; If-Match (a dry-run's ETag)
 GET    collection          list / watch        labelSelector, fieldSelector, limit, continue; watch,
                                                resourceVersion, timeoutSeconds, allowWatchBookmarks
 DELETE collection          deletecollection    labelSelector, fieldSelector, propagationPolicy
@@ -19,6 +19,12 @@ PUT/PATCH item/status      (405)               users never write status
 
 Every handler asks :func:`~nodus_gateway.authorizing.authorize` first, with the verb Kubernetes' RBAC
 would see.
+
+A create of a compute kind (Sweep, Job) carries ``status.estimate`` (ADR-031), asked of the scheduler and
+billing over the bus (:mod:`nodus_gateway.estimating`). ``?dryRun=All`` answers the estimate with an
+``ETag``; a create sent with ``If-Match: <that ETag>`` is bound to it (412 when the spec changed since). A
+real create whose estimate has blocking reasons is refused with the first; one the services do not
+answer is admitted without an estimate, with a warning.
 """
 
 from __future__ import annotations
@@ -38,12 +44,14 @@ from nodus_gateway.admitting import (
     FieldValidation,
     admit,
     admit_update,
+    bind,
     field_validation,
     with_apply_manager,
     with_generated_name,
 )
 from nodus_gateway.authorizing import authorize, visible_namespaces
 from nodus_gateway.deleting import delete_object, delete_options
+from nodus_gateway.estimating import ask, estimable, estimate_for
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
 from nodus_gateway.resources import RESOURCES, Resource, Stores
 from nodus_gateway.responding import ApiError, already_exists, not_found, object_response, store_errors
@@ -52,7 +60,9 @@ from nodus_gateway.watching import WatchRequest, parse_resource_version, watch_r
 from nodus_kit import errors as kit
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore, Page
-from nodus_schema import API_VERSION, ListMeta, to_builtins
+from nodus_schema import API_VERSION, ListMeta, status_for, to_builtins
+from nodus_schema.costs import Estimate
+from nodus_schema.estimating import estimate_etag
 
 API_PREFIX: Final = f"/apis/{API_VERSION}"
 
@@ -107,7 +117,8 @@ class ListQuery:
     allow_watch_bookmarks: str | None
 
 
-def _list_query(
+# async: FastAPI runs a plain-def dependency in its thread pool, a hand-off on every request.
+async def _list_query(
     label_selector: LabelSelectorQ = None,
     field_selector: FieldSelectorQ = None,
     limit: LimitQ = None,
@@ -154,7 +165,7 @@ def _dry_run(value: str | None) -> bool:
     )
 
 
-def _write_options(field_validation_: FieldValidationQ = None, dry_run: DryRunQ = None) -> WriteOptions:
+async def _write_options(field_validation_: FieldValidationQ = None, dry_run: DryRunQ = None) -> WriteOptions:
     return WriteOptions(field_validation(field_validation_), _dry_run(dry_run))
 
 
@@ -190,14 +201,67 @@ def _header_safe(text: str) -> str:
 
 
 def admitted_response(
-    res: Resource, obj: Any, warnings: tuple[str, ...] = (), status_code: int = 200
+    res: Resource,
+    obj: Any,
+    warnings: tuple[str, ...] = (),
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
 ) -> Response:
     """The stored object (without its write-only fields), with one ``Warning: 299 - "..."`` header per
-    warning, as Kubernetes sends them."""
+    warning, as Kubernetes sends them, and any other ``headers`` (a dry-run's ETag)."""
     response = object_response(res.redact(obj), status_code)
     for text in warnings:
         response.headers.append("Warning", f'299 - "{_header_safe(text)}"')
+    for key, value in (headers or {}).items():
+        response.headers[key] = value
     return response
+
+
+@dataclass(frozen=True, slots=True)
+class Estimated:
+    """A create's admitted object with its estimate in status, and the headers of its answer."""
+
+    admitted: Admitted
+    headers: Mapping[str, str]
+
+
+def _with_estimate(obj: Any, estimate: Estimate) -> Any:
+    return msgspec.structs.replace(obj, status=msgspec.structs.replace(obj.status, estimate=estimate))
+
+
+def _estimate_error(res: Resource, name: str | None, err: kit.NodusError) -> ApiError:
+    """A dry run without its estimate: the services did not answer, or could not estimate the spec."""
+    if isinstance(err, kit.Invalid):
+        subject = f'{res.group_kind} "{name}"' if name else res.group_kind
+        return ApiError.of(
+            "Invalid",
+            f"{subject} cannot be estimated: {err}",
+            name=name,
+            kind=res.kind,
+            fix="Fix the fields the message names (a duration or an amount that does not parse) and send "
+            "the object again.",
+        )
+    fix = (
+        "A dry run answers the estimate, which the scheduler and billing services make: check that both "
+        "are running and retry. A create without dryRun is admitted meanwhile, without an estimate."
+    )
+    if isinstance(err, kit.Timeout):
+        return ApiError.of("Timeout", f"no estimate: {err}", fix=fix, retry_after=1)
+    if isinstance(err, kit.Unavailable):
+        return ApiError.of("ServiceUnavailable", f"no estimate: {err}", fix=fix, retry_after=1)
+    return ApiError.of("InternalError", f"no estimate: {err.reason}: {err}", fix=fix)
+
+
+def _refusal(res: Resource, name: str | None, estimate: Estimate) -> ApiError:
+    """A create the estimate blocks, refused with its first blocking reason (its code, message and fix)."""
+    first = estimate.blocking_reasons[0]
+    code = first.code or "Forbidden"
+    message = first.message or f"the estimate of this {res.kind} blocks its create"
+    try:
+        status = status_for(code, message, name=name, kind=res.kind, fix=first.fix)
+    except ValueError:  # a reason this gateway does not know yet: still a refusal, said as one
+        status = status_for("Forbidden", f"{code}: {message}", name=name, kind=res.kind, fix=first.fix)
+    return ApiError(status)
 
 
 def _list_response(res: Resource, page: Page[Any]) -> Response:
@@ -310,10 +374,44 @@ class _Routes:
         _check_namespace(namespace)
         data = await self._body(request)
         admitted = admit(self.res, data, namespace, opts.validation)
+        admitted = bind(self.res, admitted, request.headers.get("if-match"))
+        estimated = await self._estimated(admitted, dry_run=opts.dry_run)
+        admitted, headers = estimated.admitted, estimated.headers
         if opts.dry_run:
-            return admitted_response(self.res, with_generated_name(admitted.obj), admitted.warnings, 201)
+            obj = with_generated_name(admitted.obj)
+            return admitted_response(self.res, obj, admitted.warnings, 201, headers)
         created = await self._create(admitted.obj, namespace)
-        return admitted_response(self.res, created, admitted.warnings, 201)
+        return admitted_response(self.res, created, admitted.warnings, 201, headers)
+
+    async def _estimated(self, admitted: Admitted, *, dry_run: bool) -> Estimated:
+        """The object to create with ``status.estimate`` (ADR-031), for the compute kinds.
+
+        A dry run exists to get the estimate: it answers it (blocking reasons included) with its ETag, or
+        an error when the services do not answer. A real create is refused by a blocking reason, and is
+        admitted without an estimate (with a warning) when the services do not answer: the controllers
+        still enforce the caps and the queue timeout, and a create must not depend on two more services.
+        """
+        if not estimable(self.res):
+            return Estimated(admitted, {})
+        obj, nc = admitted.obj, self.store.nc
+        name = obj.metadata.name or obj.metadata.generate_name
+        if dry_run:
+            try:
+                estimate = await ask(nc, self.res, obj)
+            except kit.NodusError as e:
+                raise _estimate_error(self.res, name, e) from None
+            etag = estimate_etag(estimate, obj.spec)
+            return Estimated(Admitted(_with_estimate(obj, estimate), admitted.warnings), {"ETag": etag})
+        try:
+            asked = await estimate_for(nc, self.res, obj)
+        except kit.Invalid as e:
+            raise _estimate_error(self.res, name, e) from None
+        if asked.estimate is None:
+            warning = f"no estimate: {asked.missing}; the {self.res.kind} is admitted without status.estimate"
+            return Estimated(Admitted(obj, (*admitted.warnings, warning)), {})
+        if asked.estimate.blocking_reasons:
+            raise _refusal(self.res, name, asked.estimate)
+        return Estimated(Admitted(_with_estimate(obj, asked.estimate), admitted.warnings), {})
 
     async def _create(self, obj: Any, namespace: str) -> Any:
         tries = 1 if obj.metadata.name else _GENERATE_NAME_TRIES
@@ -508,14 +606,17 @@ class _Routes:
                 kind=self.res.kind,
             )
         admitted = admit(self.res, {**patch, "metadata": {**meta, "name": name}}, namespace, opts.validation)
+        # A create, so estimated as one (ADR-031); an apply has no If-Match to bind it.
+        estimated = await self._estimated(admitted, dry_run=opts.dry_run)
+        admitted, headers = estimated.admitted, estimated.headers
         obj = with_apply_manager(admitted.obj, manager, patch)
         if opts.dry_run:
-            return admitted_response(self.res, obj, admitted.warnings, 201)
+            return admitted_response(self.res, obj, admitted.warnings, 201, headers)
         try:
             created = await self.store.create(obj)
         except kit.AlreadyExists:
             return None
-        return admitted_response(self.res, created, admitted.warnings, 201)
+        return admitted_response(self.res, created, admitted.warnings, 201, headers)
 
     async def _store_update(
         self, admitted: Admitted, current: Any, data: Any, opts: WriteOptions, *, last: bool

@@ -4,6 +4,9 @@ The service process already owns the loop, the NATS connection and the signals, 
 with ``serve(sockets=...)`` rather than ``uvicorn.run``: it must not install its own SIGTERM handler (the
 service stops it, in order, after it has stopped taking requests), and binding the socket here turns a
 busy port into an ordinary ``OSError`` instead of uvicorn's ``sys.exit`` from inside a task.
+
+Given a certificate and key it serves HTTPS: kubectl (client-go) sends a kubeconfig's bearer token only
+over TLS, so the local stack runs the gateway this way with a certificate from its own local CA.
 """
 
 from __future__ import annotations
@@ -42,17 +45,29 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class ApiServer:
-    """Serve an ASGI app on ``host:port`` until :meth:`stop`."""
+    """Serve an ASGI app on ``host:port`` until :meth:`stop`; over HTTPS when given a certificate and key."""
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        *,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+    ) -> None:
+        if (ssl_certfile is None) != (ssl_keyfile is None):
+            raise ValueError("HTTPS needs both ssl_certfile and ssl_keyfile")
         self.app, self.host, self.port = app, host, port
+        self.ssl_certfile, self.ssl_keyfile = ssl_certfile, ssl_keyfile
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def serving(self) -> bool:
@@ -76,7 +91,16 @@ class ApiServer:
             access_log=False,  # the app logs each request itself, with its request id
             server_header=False,
             timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
+            ssl_certfile=self.ssl_certfile,
+            ssl_keyfile=self.ssl_keyfile,
         )
+        # Loaded here rather than inside the serving task, so that a bad certificate or key fails the start
+        # with its own error, before anything is served.
+        try:
+            config.load()
+        except BaseException:
+            sock.close()
+            raise
         self._server = _Server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="nodus-gateway-http")
         loop = asyncio.get_running_loop()

@@ -34,9 +34,15 @@ class GatewayService(Service):
             max_body_bytes=self.config.max_body_bytes,
             principals=Principals(self.bus, pepper=self.token_pepper, cache_ttl_s=self.token_cache_ttl_s),
         )
-        self.server = ApiServer(app, self.config.host, self.config.port)
+        self.server = ApiServer(
+            app,
+            self.config.host,
+            self.config.port,
+            ssl_certfile=self.config.tls_cert,
+            ssl_keyfile=self.config.tls_key,
+        )
         await self.server.start()
-        log.info("API listening", extra={"url": self.server.url})
+        log.info("API listening", extra={"url": self.server.url, "tls": self.config.tls})
 
     async def stop(self) -> None:
         # Runs before the kit drains NATS, so requests in flight still reach the store.

@@ -20,7 +20,7 @@ from nodus_kit import messaging
 from nodus_kit.errors import AlreadyExists, NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
-from nodus_scheduler.placing import NoPlacement, place
+from nodus_scheduler.placing import NoPlacement, place, rate_ceiling_of
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt, AttemptSpec, AttemptStatus, attempt_name
 from nodus_schema.catalog import Catalog
 from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
@@ -152,7 +152,8 @@ class Lifecycle:
     async def _place_one(self, job: Job, index: int, attempt_no: int) -> str | None:
         nodes = (await self.nodes.list()).items
         busy = await self._busy_nodes()
-        choice = place(job.spec, nodes, busy, self.catalog)
+        # A create bound to a dry-run's estimate is never placed above its rate + 10 % (ADR-031).
+        choice = place(job.spec, nodes, busy, self.catalog, ceiling_micros=rate_ceiling_of(job.metadata))
         if isinstance(choice, NoPlacement):
             return choice.message
         meta = job.metadata
@@ -390,7 +391,7 @@ def _measures(succeeded: list[Attempt]) -> tuple[int | None, str | None]:
     walls = [a.status.wall_millis for a in succeeded if a.status.wall_millis is not None]
     units = [Decimal(a.status.units_per_second) for a in succeeded if a.status.units_per_second]
     wall = (max(walls) + 500) // 1000 if walls else None
-    mean = str((sum(units) / len(units)).normalize()) if units else None
+    mean = str((sum(units, Decimal(0)) / len(units)).normalize()) if units else None
     return wall, mean
 
 

@@ -2,6 +2,9 @@
 
 Every unplaced Job says why, Kubernetes-style: ``0/5 nodes: 3 other accelerator, 1 busy, 1 not ready``.
 Among the nodes that fit, the cheapest offering wins (then the name, so placement is deterministic).
+
+A Job created bound to a dry-run's estimate (ADR-031) carries the annotation
+``nodus.dev/rate-ceiling-micros-per-hour``: offerings above it are skipped ("above the bound rate").
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from nodus_schema.catalog import Catalog, Offering, offering_matches
+from nodus_schema.estimating import RATE_CEILING_ANNOTATION
 from nodus_schema.gpus import GPURequest, as_gpu_request
 from nodus_schema.jobs import JobSpec
-from nodus_schema.meta import parse_time
+from nodus_schema.meta import ObjectMeta, parse_time
 from nodus_schema.nodes import Node
 
 # A node whose last heartbeat is older than this is not offered work (its agent may be gone).
@@ -36,9 +40,26 @@ def request_of(spec: JobSpec) -> GPURequest | None:
     return as_gpu_request(gpu) if gpu is not None else None
 
 
+def rate_ceiling_of(meta: ObjectMeta) -> int | None:
+    """The highest node rate (micro-dollars per hour) the object may be placed at, from its
+    :data:`RATE_CEILING_ANNOTATION` (set by the gateway on a create bound by If-Match), or None.
+
+    A value that is not a whole number is ignored: the gateway writes the annotation, users cannot."""
+    text = meta.annotations.get(RATE_CEILING_ANNOTATION, "").strip()
+    return int(text) if text.isdigit() else None
+
+
 def place(
-    spec: JobSpec, nodes: list[Node], busy: set[str], catalog: Catalog, now: datetime | None = None
+    spec: JobSpec,
+    nodes: list[Node],
+    busy: set[str],
+    catalog: Catalog,
+    now: datetime | None = None,
+    *,
+    ceiling_micros: int | None = None,
 ) -> Placement | NoPlacement:
+    """The cheapest free node that fits ``spec``; ``ceiling_micros`` (see :func:`rate_ceiling_of`) skips
+    offerings whose rate is above it."""
     now = now or datetime.now(UTC)
     request = request_of(spec)
     regions = set(spec.placement.regions) if spec.placement and spec.placement.regions else None
@@ -46,7 +67,7 @@ def place(
     reasons: Counter[str] = Counter()
     fits: list[Placement] = []
     for node in nodes:
-        why, offering = _why_not(node, request, regions, allowed, busy, catalog, now)
+        why, offering = _why_not(node, request, regions, allowed, busy, catalog, now, ceiling_micros)
         if why:
             reasons[why] += 1
         elif offering is not None:
@@ -67,6 +88,7 @@ def _why_not(
     busy: set[str],
     catalog: Catalog,
     now: datetime,
+    ceiling_micros: int | None = None,
 ) -> tuple[str | None, Offering | None]:
     offering = catalog.offering(node.spec.offering)
     if offering is None:
@@ -77,6 +99,8 @@ def _why_not(
         return "other region", None
     if allowed is not None and offering.id not in allowed:
         return "offering not allowed", None
+    if ceiling_micros is not None and offering.rate_micros_per_hour > ceiling_micros:
+        return "above the bound rate", None
     if not _ready(node, now):
         return "not ready", None
     if node.metadata.name in busy:

@@ -18,6 +18,7 @@ from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
 from nodus_schema.costs import Cost
 from nodus_schema.defaulting import default_job
+from nodus_schema.estimating import RATE_CEILING_ANNOTATION
 from nodus_schema.expanding import Cell, cell_job, expand
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import Condition, now_rfc3339, set_condition
@@ -95,7 +96,7 @@ class SweepReconciler:
                 continue
             try:
                 # Defaulted as a Job the gateway admitted would be (the GPU request of the cell included).
-                owned[cell.index] = await self.jobs.create(default_job(cell_job(sweep, cell)))
+                owned[cell.index] = await self.jobs.create(_bound(sweep, default_job(cell_job(sweep, cell))))
                 log.info("cell created", extra={"sweep": sweep.metadata.name, "cell": cell.index})
             except AlreadyExists:
                 owned[cell.index] = await self.jobs.get(
@@ -147,6 +148,18 @@ class SweepReconciler:
             await self.sweeps.mutate(sweep.metadata.namespace, sweep.metadata.name or "", change)
         except NotFound:
             pass
+
+
+def _bound(sweep: Sweep, job: Job) -> Job:
+    """The cell Job with the Sweep's bound rate ceiling (ADR-031), if the Sweep was created bound to an
+    estimate: the scheduler places no cell above it."""
+    ceiling = sweep.metadata.annotations.get(RATE_CEILING_ANNOTATION)
+    if ceiling is None:
+        return job
+    annotations = {**job.metadata.annotations, RATE_CEILING_ANNOTATION: ceiling}
+    return msgspec.structs.replace(
+        job, metadata=msgspec.structs.replace(job.metadata, annotations=annotations)
+    )
 
 
 def _same(a: SweepStatus, b: SweepStatus) -> bool:

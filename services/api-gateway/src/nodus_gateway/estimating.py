@@ -1,0 +1,125 @@
+"""The gateway's side of an estimate (ADR-031): ask the scheduler, then billing, for ``status.estimate``.
+
+The gateway only asks. The scheduler answers which capacity a create would use, at what rate and for how
+long (``nodus.rpc.scheduler.estimate``); billing prices that plan (``nodus.rpc.billing.quote``). The two
+requests are sequential core-NATS round trips, made only for the compute kinds (Sweeps and Jobs): the
+kinds with a spec to estimate.
+
+"Nobody answers" is cheap to find out: NATS answers a request on a subject without subscribers with "no
+responders" at once (``messaging.request`` raises :class:`~nodus_kit.errors.Unavailable`), so a gateway
+without the estimate services pays one round trip per create, not the timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from nats.aio.client import Client as NATS
+
+from nodus_gateway.resources import Resource
+from nodus_kit import errors as kit
+from nodus_kit import messaging
+from nodus_schema.costs import Estimate
+from nodus_schema.estimating import (
+    ESTIMATE_SUBJECT,
+    QUOTE_SUBJECT,
+    EstimateReply,
+    EstimateRequest,
+    QuoteRequest,
+)
+
+log = logging.getLogger(__name__)
+
+ESTIMATE_TIMEOUT_S: Final = 2.0
+"""Each of the two requests; a service that is up answers in milliseconds."""
+COMPUTE_KINDS: Final = frozenset({"Job", "Sweep"})
+"""The kinds that carry ``status.estimate``."""
+
+
+def estimable(res: Resource) -> bool:
+    """Whether objects of this resource are estimated (Sweeps and Jobs)."""
+    return res.kind in COMPUTE_KINDS
+
+
+def estimate_request(res: Resource, obj: Any) -> EstimateRequest:
+    """The request for ``obj`` (admitted, so defaulted: the spec the gateway stores)."""
+    namespace = obj.metadata.namespace or ""
+    if res.kind == "Sweep":
+        return EstimateRequest(namespace=namespace, kind="Sweep", sweep_spec=obj.spec)
+    return EstimateRequest(namespace=namespace, kind="Job", job_spec=obj.spec)
+
+
+async def ask(nc: NATS, res: Resource, obj: Any, *, timeout: float | None = None) -> Estimate:
+    """The priced estimate of ``obj``: the scheduler's, then billing's, each within ``timeout`` (default
+    :data:`ESTIMATE_TIMEOUT_S`). Raises the kit's errors: :class:`~nodus_kit.errors.Unavailable` (nobody
+    serves a subject), :class:`~nodus_kit.errors.Timeout`, :class:`~nodus_kit.errors.Invalid` (a spec the
+    services cannot estimate), or what a service answered."""
+    timeout = ESTIMATE_TIMEOUT_S if timeout is None else timeout
+    request = estimate_request(res, obj)
+    scheduled = await messaging.request(nc, ESTIMATE_SUBJECT, request, EstimateReply, timeout=timeout)
+    quote = QuoteRequest(request=request, scheduled=scheduled)
+    priced = await messaging.request(nc, QUOTE_SUBJECT, quote, EstimateReply, timeout=timeout)
+    return priced.estimate
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """An estimate, or why there is none (the services did not answer)."""
+
+    estimate: Estimate | None
+    missing: str | None = None
+
+
+def _unanswered(err: kit.NodusError) -> bool:
+    """The services did not give an estimate, and the spec is not to blame: a create goes on without one.
+    Invalid is the spec's fault (the caller's to fix), so it is not among these."""
+    return not isinstance(err, kit.Invalid)
+
+
+async def estimate_for(nc: NATS, res: Resource, obj: Any) -> Asked:
+    """:func:`ask`, with "nobody answered" (Unavailable, Timeout, a service's own failure) as an
+    :class:`Asked` without an estimate, logged. Raises :class:`~nodus_kit.errors.Invalid`."""
+    if not estimable(res):
+        return Asked(None)
+    try:
+        return Asked(await ask(nc, res, obj))
+    except kit.NodusError as e:
+        if not _unanswered(e):
+            raise
+        meta = obj.metadata
+        if _should_log(e.reason):
+            log.warning(
+                "no estimate: %s (logged at most every %ss)",
+                e,
+                LOG_EVERY_S,
+                extra={
+                    "kind": res.kind,
+                    "namespace": meta.namespace,
+                    "object": meta.name,
+                    "reason": e.reason,
+                },
+            )
+        return Asked(None, str(e) or e.reason)
+
+
+LOG_EVERY_S = 10.0
+_last_logged: dict[str, float] = {}
+
+
+def _should_log(reason: str) -> bool:
+    """While the estimate services are down every create says so in its Warning header; the log gets
+    one line per reason per interval instead of one per request."""
+    now = time.monotonic()
+    if now - _last_logged.get(reason, -LOG_EVERY_S) < LOG_EVERY_S:
+        return False
+    _last_logged[reason] = now
+    return True
+
+
+async def estimate(nc: NATS, res: Resource, obj: Any) -> Estimate | None:
+    """The estimate of a compute object, or None when the services do not answer (logged) or the kind
+    has none."""
+    return (await estimate_for(nc, res, obj)).estimate

@@ -1,0 +1,297 @@
+"""Dry runs and estimates through the API (ADR-031): ``?dryRun=All`` answers ``status.estimate`` and an
+``ETag``; a create carries the estimate, is refused by a blocking reason, and binds to a dry-run with
+``If-Match`` (the rate ceiling annotation; 412 for another spec). The scheduler's and billing's endpoints
+are served in-process on the real subjects, over the session's real NATS."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client as NATS
+
+from nodus_billing.quoting import serve_quotes
+from nodus_gateway import estimating
+from nodus_scheduler.cataloging import load_catalog
+from nodus_scheduler.estimating import serve_estimates
+from nodus_schema.costs import Estimate
+from nodus_schema.defaulting import default_job
+from nodus_schema.estimating import ESTIMATE_SUBJECT, RATE_CEILING_ANNOTATION, estimate_etag
+from nodus_schema.expanding import cell_job, expand
+from nodus_schema.jobs import JobSpec
+from nodus_schema.meta import ObjectMeta
+from nodus_schema.sweeps import Sweep
+from nodus_sweeps.reconciling import _bound
+
+API = "/apis/nodus.dev/v1"
+DRY = {"dryRun": "All"}
+SXM = {"type": ["H100-SXM-80G"], "exact": True, "count": 1}
+PRICEBOOK = "2026-11-30.1"
+
+
+def jobs(namespace: str, *rest: str) -> str:
+    return "/".join([f"{API}/namespaces/{namespace}/jobs", *rest])
+
+
+def sweeps(namespace: str, *rest: str) -> str:
+    return "/".join([f"{API}/namespaces/{namespace}/sweeps", *rest])
+
+
+def job_spec(gpu: Any = None, **kw: Any) -> dict[str, Any]:
+    return {
+        "image": "ghcr.io/acme/train:1.0",
+        "expectedDuration": "2h",
+        "resources": {"gpu": SXM if gpu is None else gpu},
+        "placement": {"regions": ["us"]},
+        **kw,
+    }
+
+
+def job_body(
+    name: str, gpu: Any = None, annotations: dict[str, str] | None = None, **kw: Any
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "annotations": annotations or {}}
+    return {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": meta, "spec": job_spec(gpu, **kw)}
+
+
+def sweep_body(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "nodus.dev/v1",
+        "kind": "Sweep",
+        "metadata": {"name": name},
+        "spec": {
+            "maxParallel": 2,
+            "matrix": {"gpu": ["H100:1", "L4:1"], "params": {"LR": ["0.1", "0.01"]}},
+            "template": {"kind": "Job", "spec": {"image": "x", "expectedDuration": "30m"}},
+        },
+    }
+
+
+def failure(resp: httpx.Response, code: int, reason: str) -> dict[str, Any]:
+    assert resp.status_code == code, resp.text
+    body: dict[str, Any] = resp.json()
+    assert (body["kind"], body["code"], body["reason"]) == ("Status", code, reason)
+    assert body["fix"]
+    return body
+
+
+@pytest_asyncio.fixture
+async def endpoints(nc: NATS) -> AsyncIterator[None]:
+    """The scheduler's and billing's estimate endpoints, on the real subjects the gateway asks."""
+    subs = [await serve_estimates(nc, load_catalog()), await serve_quotes(nc)]
+    yield
+    for sub in subs:
+        await sub.unsubscribe()
+
+
+# -- dry run ---------------------------------------------------------------------------------------
+
+
+async def test_a_dry_run_answers_the_estimate_and_its_etag_and_stores_nothing(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    resp = await api.post(jobs(unique), json=job_body("train"), params=DRY)
+    assert resp.status_code == 201, resp.text
+    obj = resp.json()
+    assert (obj["spec"]["backoffLimit"], obj["spec"]["placement"]["queueTimeout"]) == (6, "24h")  # defaulted
+    e = obj["status"]["estimate"]
+    assert (e["rateUSDPerHour"], e["pricebookVersion"]) == ("2.99", PRICEBOOK)
+    assert (e["costUSD"]["p50"], e["holdUSD"]) == ("6.079667", "2.99")
+    assert e["validUntil"] and "blockingReasons" not in e
+    assert "BalanceNotChecked" in [w["code"] for w in e["warnings"]]
+    # The ETag is the estimate's, over the spec as it would be stored (defaulted).
+    spec = msgspec.convert(obj["spec"], JobSpec)
+    assert resp.headers["etag"] == estimate_etag(msgspec.convert(e, Estimate), spec)
+    assert resp.headers["etag"].startswith(f'"e1:2990000:{PRICEBOOK}:')
+    assert "warning" not in resp.headers
+    failure(await api.get(jobs(unique, "train")), 404, "NotFound")
+
+
+async def test_a_dry_run_of_a_sweep_prices_its_cells(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    resp = await api.post(sweeps(unique), json=sweep_body("lr"), params=DRY)
+    assert resp.status_code == 201, resp.text
+    e = resp.json()["status"]["estimate"]
+    assert e["rateUSDPerHour"] == "2.49"  # the highest node rate of the groups: H100 PCIe in us
+    assert e["placementPreview"]["explain"].count(":") >= 2  # every group is explained
+    assert resp.headers["etag"].startswith('"e1:2490000:')
+    failure(await api.get(sweeps(unique, "lr")), 404, "NotFound")
+
+
+async def test_blocking_reasons_are_the_dry_runs_answer_and_refuse_the_create(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    body = job_body("b200", gpu="B200:1")
+    resp = await api.post(jobs(unique), json=body, params=DRY)
+    assert resp.status_code == 201, resp.text
+    (reason,) = resp.json()["status"]["estimate"]["blockingReasons"]
+    assert reason["code"] == "CapacityUnavailable"
+    assert resp.headers["etag"].startswith(f'"e1:-:{PRICEBOOK}:')  # no rate: blocked by capacity
+
+    refused = failure(await api.post(jobs(unique), json=body), 503, "CapacityUnavailable")
+    assert refused["message"] == reason["message"] and refused["fix"] == reason["fix"]
+    failure(await api.get(jobs(unique, "b200")), 404, "NotFound")
+
+
+async def test_a_cap_below_the_first_hold_refuses_the_create(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    body = failure(
+        await api.post(jobs(unique), json=job_body("capped", maxCostUSD="1.00")), 403, "MaxCostReached"
+    )
+    assert body["message"].startswith("spec.maxCostUSD 1.00 is below the first hold 2.99")
+
+
+# -- create ----------------------------------------------------------------------------------------
+
+
+async def test_a_create_carries_its_estimate(api: httpx.AsyncClient, unique: str, endpoints: None) -> None:
+    resp = await api.post(jobs(unique), json=job_body("train"))
+    assert resp.status_code == 201, resp.text
+    assert "etag" not in resp.headers and "warning" not in resp.headers
+    assert resp.json()["status"]["estimate"]["rateUSDPerHour"] == "2.99"
+    stored = (await api.get(jobs(unique, "train"))).json()
+    assert stored["status"]["estimate"] == resp.json()["status"]["estimate"]
+    assert RATE_CEILING_ANNOTATION not in stored["metadata"].get("annotations", {})
+
+
+async def test_a_create_bound_by_if_match_carries_the_rate_ceiling(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    dry = await api.post(jobs(unique), json=job_body("train"), params=DRY)
+    etag = dry.headers["etag"]
+    resp = await api.post(jobs(unique), json=job_body("train"), headers={"If-Match": etag})
+    assert resp.status_code == 201, resp.text
+    # 2.99 $/h + 10 %: h100-sxm-80g-x1-eu (3.289) is still allowed, nothing dearer is.
+    assert resp.json()["metadata"]["annotations"] == {RATE_CEILING_ANNOTATION: "3289000"}
+    assert resp.json()["status"]["estimate"]["rateUSDPerHour"] == "2.99"
+    stored = (await api.get(jobs(unique, "train"))).json()
+    assert stored["metadata"]["annotations"][RATE_CEILING_ANNOTATION] == "3289000"
+
+
+async def test_a_binding_outlives_valid_until(api: httpx.AsyncClient, unique: str, endpoints: None) -> None:
+    """The ETag of an estimate long expired still binds: validUntil is never compared at create."""
+    dry = (await api.post(jobs(unique), json=job_body("late"), params=DRY)).json()
+    expired = Estimate(
+        rate_usd_per_hour="2.99", pricebook_version="2025-01-01.1", valid_until="2025-01-01T00:15:00Z"
+    )
+    etag = estimate_etag(expired, msgspec.convert(dry["spec"], JobSpec))
+    resp = await api.post(jobs(unique), json=job_body("late"), headers={"If-Match": etag})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["metadata"]["annotations"][RATE_CEILING_ANNOTATION] == "3289000"
+
+
+async def test_a_stale_tampered_or_foreign_etag_is_412(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    etag = (await api.post(jobs(unique), json=job_body("train"), params=DRY)).headers["etag"]
+    cheaper = etag.replace(":2990000:", ":1000000:")  # a rate written by hand: the digest no longer agrees
+    other_spec = job_body("train", expectedDuration="3h")  # the spec changed since the dry-run
+    for headers, body in [
+        ({"If-Match": cheaper}, job_body("train")),
+        ({"If-Match": etag}, other_spec),
+        ({"If-Match": f"W/{etag}"}, job_body("train")),
+        ({"If-Match": '"some-other-etag"'}, job_body("train")),
+        ({"If-Match": "*"}, job_body("train")),
+    ]:
+        refused = failure(await api.post(jobs(unique), json=body, headers=headers), 412, "PreconditionFailed")
+        assert "dry-run again" in refused["message"]
+        assert refused["fix"] == "Run the dry-run again and create with its new ETag."
+    failure(await api.get(jobs(unique, "train")), 404, "NotFound")
+
+
+async def test_users_cannot_set_the_rate_ceiling(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    mine = {RATE_CEILING_ANNOTATION: "999999999", "team": "ml"}
+    resp = await api.post(jobs(unique), json=job_body("train", annotations=mine))
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["metadata"]["annotations"] == {"team": "ml"}
+    # Nor by an update: the stored value (here none) is kept.
+    patch = {"metadata": {"annotations": {RATE_CEILING_ANNOTATION: "999999999"}}}
+    merge = {"Content-Type": "application/merge-patch+json"}
+    patched = await api.patch(jobs(unique, "train"), json=patch, headers=merge)
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["metadata"]["annotations"] == {"team": "ml"}
+
+    # A bound one keeps its ceiling through an update that tries to change it.
+    etag = (await api.post(jobs(unique), json=job_body("bound"), params=DRY)).headers["etag"]
+    assert (
+        await api.post(jobs(unique), json=job_body("bound"), headers={"If-Match": etag})
+    ).status_code == 201
+    patched = await api.patch(jobs(unique, "bound"), json=patch, headers=merge)
+    assert patched.json()["metadata"]["annotations"] == {RATE_CEILING_ANNOTATION: "3289000"}
+
+
+async def test_a_sweep_binds_and_its_cells_inherit_the_ceiling(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    etag = (await api.post(sweeps(unique), json=sweep_body("lr"), params=DRY)).headers["etag"]
+    resp = await api.post(sweeps(unique), json=sweep_body("lr"), headers={"If-Match": etag})
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["metadata"]["annotations"] == {RATE_CEILING_ANNOTATION: "2739000"}  # 2.49 + 10 %
+    assert resp.json()["status"]["estimate"]["rateUSDPerHour"] == "2.49"
+    # The sweep controller copies it onto every cell Job it creates.
+    sweep = msgspec.convert(resp.json(), Sweep)
+    cells = [_bound(sweep, default_job(cell_job(sweep, c))) for c in expand(sweep)]
+    assert {c.metadata.annotations.get(RATE_CEILING_ANNOTATION) for c in cells} == {"2739000"}
+    # An unbound Sweep's cells carry none.
+    unbound = Sweep(metadata=ObjectMeta(name="x", namespace=unique), spec=sweep.spec)
+    plain = default_job(cell_job(unbound, expand(unbound)[0]))
+    assert RATE_CEILING_ANNOTATION not in _bound(unbound, plain).metadata.annotations
+
+
+# -- the estimate services down --------------------------------------------------------------------
+
+
+async def test_without_the_estimate_services_a_create_is_admitted_with_a_warning(
+    api: httpx.AsyncClient, unique: str
+) -> None:
+    resp = await api.post(jobs(unique), json=job_body("train"))
+    assert resp.status_code == 201, resp.text
+    (warning,) = resp.headers.get_list("warning")
+    assert warning.startswith(f'299 - "no estimate: nobody serves {ESTIMATE_SUBJECT}')
+    assert "estimate" not in resp.json().get("status", {})
+    assert (await api.get(jobs(unique, "train"))).status_code == 200
+
+
+async def test_without_the_estimate_services_a_dry_run_is_503(api: httpx.AsyncClient, unique: str) -> None:
+    body = failure(
+        await api.post(jobs(unique), json=job_body("train"), params=DRY), 503, "ServiceUnavailable"
+    )
+    assert body["message"].startswith(f"no estimate: nobody serves {ESTIMATE_SUBJECT}")
+    assert body["details"]["retryAfterSeconds"] == 1
+
+
+async def test_services_that_do_not_answer_in_time(
+    api: httpx.AsyncClient, unique: str, nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscriber that never answers: the dry run is a 504 Timeout; a create goes on without."""
+    monkeypatch.setattr(estimating, "ESTIMATE_TIMEOUT_S", 0.2)
+
+    async def silent(_: Any) -> None:
+        await asyncio.sleep(0)
+
+    sub = await nc.subscribe(ESTIMATE_SUBJECT, cb=silent)
+    try:
+        failure(await api.post(jobs(unique), json=job_body("train"), params=DRY), 504, "Timeout")
+        resp = await api.post(jobs(unique), json=job_body("train"))
+        assert resp.status_code == 201, resp.text
+        (warning,) = resp.headers.get_list("warning")
+        assert "did not answer within 0.2s" in warning
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_kinds_without_an_estimate_ask_nobody(api: httpx.AsyncClient, unique: str) -> None:
+    spec = {"type": "S3", "s3": {"endpoint": "http://127.0.0.1:8333", "bucket": "local"}}
+    conn = {"apiVersion": "nodus.dev/v1", "kind": "Connection", "metadata": {"name": "c"}, "spec": spec}
+    resp = await api.post(f"{API}/namespaces/{unique}/connections", json=conn, params=DRY)
+    assert resp.status_code == 201, resp.text  # no estimate services here, and none needed
+    assert "etag" not in resp.headers and "warning" not in resp.headers
