@@ -11,6 +11,11 @@ import msgspec
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.wire import API_VERSION, Wire
 
+# Labels on Attempts and ledger entries: the Job's name, and its uid (so the runs and charges of a deleted
+# Job never count for a new Job of the same name).
+JOB_LABEL = "nodus.dev/job"
+JOB_UID_LABEL = "nodus.dev/job-uid"
+
 ATTEMPT_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Lost", "Stopped")
 ATTEMPT_TERMINAL = ("Succeeded", "Failed", "Lost", "Stopped")
 

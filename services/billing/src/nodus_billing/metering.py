@@ -16,7 +16,7 @@ from nodus_kit.errors import AlreadyExists, NotFound
 from nodus_kit.messaging import Delivery
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
-from nodus_schema.attempts import Attempt
+from nodus_schema.attempts import JOB_LABEL, JOB_UID_LABEL, Attempt
 from nodus_schema.costs import Cost
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.ledger import LedgerEntry, LedgerEntrySpec, charge_micros
@@ -25,8 +25,6 @@ from nodus_schema.meta import ObjectMeta
 from nodus_schema.quantities import micros_to_usd
 
 log = logging.getLogger(__name__)
-JOB_LABEL = "nodus.dev/job"
-JOB_UID_LABEL = "nodus.dev/job-uid"
 
 
 class Metering:

@@ -21,7 +21,15 @@ from nodus_kit.errors import AlreadyExists, NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.placing import NoPlacement, place, rate_ceiling_of
-from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt, AttemptSpec, AttemptStatus, attempt_name
+from nodus_schema.attempts import (
+    ATTEMPT_TERMINAL,
+    JOB_LABEL,
+    JOB_UID_LABEL,
+    Attempt,
+    AttemptSpec,
+    AttemptStatus,
+    attempt_name,
+)
 from nodus_schema.catalog import Catalog
 from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
 from nodus_schema.messages import StartAttempt, StopAttempt
@@ -31,9 +39,6 @@ from nodus_schema.quantities import parse_duration
 from nodus_schema.wire import API_VERSION
 
 log = logging.getLogger(__name__)
-JOB_LABEL = "nodus.dev/job"
-# Attempts (and ledger entries) of a deleted Job must never count for a new Job of the same name.
-JOB_UID_LABEL = "nodus.dev/job-uid"
 DEFAULT_BACKOFF_LIMIT = 6
 DEFAULT_MAX_ATTEMPTS = 3
 # Even with no event, look at every unfinished Job this often (a safety net, not the trigger).
