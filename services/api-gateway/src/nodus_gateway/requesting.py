@@ -65,16 +65,17 @@ class RequestContext:
             status = status_for("InternalError", "the server failed unexpectedly; the error is logged")
             await status_response(status)(scope, receive, send_with_id)
         finally:
-            log.info(
-                "%s %s %d",
-                scope["method"],
-                scope["path"],
-                code,
-                extra={
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "status": code,
-                    "durationMs": round((time.perf_counter() - began) * 1000, 1),
-                },
-            )
+            if log.isEnabledFor(logging.INFO):  # the line and its fields are built only when written
+                log.info(
+                    "%s %s %d",
+                    scope["method"],
+                    scope["path"],
+                    code,
+                    extra={
+                        "method": scope["method"],
+                        "path": scope["path"],
+                        "status": code,
+                        "durationMs": round((time.perf_counter() - began) * 1000, 1),
+                    },
+                )
             token.var.reset(token)

@@ -194,6 +194,8 @@ def _truthy(value: str | None) -> bool:
 def _header_safe(text: str) -> str:
     """A warning's text as a quoted-string header value: quotes and backslashes escaped, and anything
     outside printable ASCII (field names come from the caller) escaped, so it cannot split the header."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return text  # the common case: nothing to escape
     out = []
     for ch in text.replace("\\", "\\\\").replace('"', '\\"'):
         out.append(ch if " " <= ch <= "~" else ch.encode("unicode_escape").decode("ascii"))
