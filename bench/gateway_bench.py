@@ -38,12 +38,13 @@ from starlette.responses import Response
 from bench.running import Result
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
+from nodus_kit.servicing import tune_gc
 from nodus_testing.natsserver import NatsServer
 from nodus_testing.processes import free_port, stop, wait_for_port
 
 CLIENTS: Final = 50
 WARMUP: Final = 200
-ROUNDS: Final = 2  # bare, gateway, bare, gateway
+ROUNDS: Final = 3  # bare, gateway, bare, gateway, bare, gateway
 P99_BUDGET_MS: Final = 50.0
 TOKEN: Final = "bench-admin-token-0123456789abcdef"
 NAMESPACE: Final = "bench"
@@ -101,6 +102,7 @@ async def _serve(which: str, port: int) -> None:
         app = _bare_app(Path(os.environ[BODY_FILE_ENV]).read_bytes())  # noqa: ASYNC240 (before serving)
     else:
         raise SystemExit(f"serve: no server {which!r} (gateway or bare)")
+    tune_gc()  # as every service does once started (servicing.tune_gc), for both servers alike
     # serve() rather than uvicorn.run(): the gateway's NATS connection must live in the loop that serves
     # (as in the service's ApiServer). Both servers go through this one line, so their settings cannot
     # drift apart; uvicorn still handles SIGTERM, which is how the benchmark stops them.

@@ -9,6 +9,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 from nats.aio.client import Client as NATS
 
+from nodus_gateway import estimating
 from nodus_gateway.app import build_app
 from nodus_gateway.resources import stores_for
 
@@ -17,6 +18,8 @@ ADMIN_TOKEN = "test-admin-token-0123456789"
 
 @pytest_asyncio.fixture
 async def app(nc: NATS) -> FastAPI:
+    # A new gateway: no pause left over from another test's unanswered estimate (estimating's notes).
+    estimating.resume(nc)
     return build_app(stores_for(nc), admin_token=ADMIN_TOKEN, ready=lambda: nc.is_connected)
 
 

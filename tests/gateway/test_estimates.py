@@ -289,6 +289,35 @@ async def test_services_that_do_not_answer_in_time(
         await sub.unsubscribe()
 
 
+async def test_after_no_answer_creates_pause_asking_and_then_ask_again(
+    api: httpx.AsyncClient, unique: str, nc: NATS, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the services are down, creates do not ask each time; once the pause is over, or once a dry
+    run got an answer, they ask again."""
+    asked = 0
+
+    async def count(msg: Any) -> None:
+        nonlocal asked
+        asked += 1
+        await msg.respond(b"")  # not an EstimateReply: this test counts questions, not answers
+
+    first = await api.post(jobs(unique), json=job_body("a"))  # nobody serves: the pause starts
+    assert "nobody serves" in first.headers["warning"]
+    sub = await nc.subscribe(ESTIMATE_SUBJECT, cb=count)
+    try:
+        second = await api.post(jobs(unique), json=job_body("b"))
+        assert second.status_code == 201, second.text
+        assert "nobody serves" in second.headers["warning"]  # the pause's answer: nobody was asked
+        assert asked == 0
+        monkeypatch.setattr(estimating, "UNANSWERED_PAUSE_S", 0.0)
+        estimating.resume(nc)  # as the pause's end would
+        third = await api.post(jobs(unique), json=job_body("c"))
+        assert third.status_code == 201, third.text
+        assert asked == 1
+    finally:
+        await sub.unsubscribe()
+
+
 async def test_kinds_without_an_estimate_ask_nobody(api: httpx.AsyncClient, unique: str) -> None:
     spec = {"type": "S3", "s3": {"endpoint": "http://127.0.0.1:8333", "bucket": "local"}}
     conn = {"apiVersion": "nodus.dev/v1", "kind": "Connection", "metadata": {"name": "c"}, "spec": spec}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 import pytest
@@ -170,6 +171,19 @@ async def test_request_reply_and_errors(nc: NATS, unique: str) -> None:
         await sub.unsubscribe()
     with pytest.raises(errors.Unavailable, match="is the service running"):
         await messaging.request(nc, f"nodus.rpc.{unique}", Ping("j", 1), Quote, timeout=1)
+
+
+async def test_a_reply_of_the_wrong_shape_is_an_internal_error_not_a_crash(nc: NATS, unique: str) -> None:
+    async def garbled(msg: Any) -> None:
+        await msg.respond(b'{"usd": 3}')  # a responder of another version: a number, not a string
+
+    sub = await nc.subscribe(f"nodus.rpc.{unique}", cb=garbled)
+    try:
+        with pytest.raises(errors.NodusError, match="answered what is not a Quote") as raised:
+            await messaging.request(nc, f"nodus.rpc.{unique}", Ping("j", 1), Quote)
+        assert raised.value.reason == "InternalError"
+    finally:
+        await sub.unsubscribe()
 
 
 async def test_request_timeout_maps_to_timeout(nc: NATS, unique: str) -> None:

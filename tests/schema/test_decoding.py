@@ -201,6 +201,24 @@ def test_every_type_error_in_one_go() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "doc",
+    [
+        _sweep(),
+        _sweep(comand=["python"], inputs=[{"nmae": "c"}]),
+        _sweep(completions="four", resources={"gpu": 8}),
+        _sweep(completions=2**70),  # an integer msgspec takes and the walk refuses
+    ],
+    ids=["valid", "unknown fields", "type errors", "out of range"],
+)
+def test_decoding_parsed_json_with_its_source_is_decoding_the_source(doc: dict[str, Any]) -> None:
+    """What a server that parsed the body already passes: the same result as decoding the bytes."""
+    raw = json.dumps(doc).encode()
+    given = decode(json.loads(raw), Sweep, json_source=raw)
+    expected = decode(raw, Sweep)
+    assert (given.value, given.errors, given.unknown) == (expected.value, expected.errors, expected.unknown)
+
+
 def test_null_is_accepted_for_optional_fields() -> None:
     doc = _sweep(completions=None, distributed=None)
     d = decode(doc, Sweep)

@@ -195,7 +195,12 @@ async def request(nc: NATS, subject: str, message: Any, reply_type: type[R], *, 
         raise errors.Timeout(f"{subject} did not answer within {timeout}s") from None
     if msg.headers and ERROR_HEADER in msg.headers:
         raise _error(msg.headers[ERROR_HEADER], msg.data.decode(errors="replace"))
-    return msgspec.json.decode(msg.data, type=reply_type)
+    try:
+        return msgspec.json.decode(msg.data, type=reply_type)
+    except msgspec.DecodeError as e:
+        # The responder's fault (another version, a bug), not the caller's: an internal error it can
+        # report, never a crash of the caller's handler.
+        raise errors.NodusError(f"{subject} answered what is not a {reply_type.__name__}: {e}") from None
 
 
 # Reasons a caller may retry; any other reason a responder sends back is final for that request.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -187,6 +188,7 @@ class Service:
         self.health = HealthServer(self.settings.health_host, self.settings.health_port, self.checks())
         port = await self.health.start()
         await self.start()
+        tune_gc()
         log.info("service ready", extra={"health": f"http://{self.settings.health_host}:{port}/readyz"})
         try:
             await self.stopping.wait()
@@ -196,6 +198,23 @@ class Service:
             await self.health.stop()
             with contextlib.suppress(Exception):
                 await self.nc.drain()
+
+
+GC_THRESHOLDS = (10_000, 50, 100)
+"""Python's defaults (2,000 / 10 / 10 in 3.11) run a young collection every 2,000 allocations; a service
+that builds a few hundred objects per request (an HTTP request, a decoded spec, a NATS message) then
+spends a good part of its CPU in the collector, and its requests stall behind full collections of
+everything it imported (in the gateway's benchmark: ~20% less CPU per create and half the p99 without
+them, docs/benchmarks.md)."""
+
+
+def tune_gc() -> None:
+    """Once a service has started: move what it built so far (modules, routes, schemas) out of the
+    collector's sight, where it will stay for the life of the process, and collect less often. Reference
+    cycles are still collected; a full collection then walks only what requests created."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def main(cls: type[Service]) -> None:

@@ -353,10 +353,14 @@ def _msgspec_error(e: msgspec.ValidationError) -> FieldError:
     return FieldError(path, CauseType.TYPE_INVALID, f"Invalid value: {text}")
 
 
-def decode(raw: bytes | str | Mapping[str, Any], typ: type[T]) -> Decoded[T]:
+def decode(
+    raw: bytes | str | Mapping[str, Any], typ: type[T], *, json_source: bytes | None = None
+) -> Decoded[T]:
     """Decode JSON (bytes or str) or already-parsed builtins into ``typ``, reporting every problem.
 
-    See :class:`Decoded`. Never raises for bad input.
+    ``json_source``, with builtins: the JSON they were decoded from, unchanged (a server that parsed a
+    request body already): it is decoded as it is, rather than the builtins encoded again and checked for
+    values JSON does not have. See :class:`Decoded`. Never raises for bad input.
     """
     data: Any
     source: bytes | str | bytearray | memoryview
@@ -367,6 +371,8 @@ def decode(raw: bytes | str | Mapping[str, Any], typ: type[T]) -> Decoded[T]:
             data = msgspec.json.decode(raw)
         except msgspec.DecodeError as e:
             return Decoded(None, [FieldError("", CauseType.TYPE_INVALID, f"malformed JSON: {e}")])
+    elif json_source is not None:
+        data, source = raw, json_source
     else:
         data = raw
         try:

@@ -6,7 +6,7 @@ returns them all at once, each with its field path (``spec.template.spec.inputs[
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -137,7 +137,7 @@ class ErrorList:
     def too_many(self, path: Path | str, actual: int, limit: int) -> None:
         self.add(path, CauseType.TOO_MANY, f"Too many: {actual}: must have at most {limit} items")
 
-    def extend(self, other: ErrorList | list[FieldError]) -> None:
+    def extend(self, other: ErrorList | Iterable[FieldError]) -> None:
         self._errors.extend(other)
 
     def __iter__(self) -> Iterator[FieldError]:

@@ -8,6 +8,7 @@ Timestamps are RFC 3339 strings on the wire (``"2026-11-30T05:00:00Z"``) and sta
 from __future__ import annotations
 
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any, Final, Generic, TypeVar
 
@@ -58,7 +59,13 @@ def format_time(dt: datetime) -> str:
 
 def now_rfc3339() -> str:
     """The current time as an RFC 3339 string, as metav1.Time serialises (whole seconds, UTC)."""
-    return format_time(datetime.now(UTC))
+    second = int(time.time())
+    if second != _last_stamp[0]:  # formatted once a second: every write of an object stamps a time
+        _last_stamp[:] = [second, format_time(datetime.fromtimestamp(second, UTC))]
+    return str(_last_stamp[1])
+
+
+_last_stamp: list[Any] = [None, ""]
 
 
 def parse_time(text: str) -> datetime:

@@ -83,11 +83,17 @@ def admit_create(res: Resource, data: Any, namespace: str | None) -> Any:
 
 
 def admit(
-    res: Resource, data: Any, namespace: str | None, validation: FieldValidation = FieldValidation.STRICT
+    res: Resource,
+    data: Any,
+    namespace: str | None,
+    validation: FieldValidation = FieldValidation.STRICT,
+    *,
+    json_body: bytes | None = None,
 ) -> Admitted:
-    """Admission of a create: :func:`admit_create`, with unknown fields treated per ``validation``."""
+    """Admission of a create: :func:`admit_create`, with unknown fields treated per ``validation``.
+    ``json_body``: the JSON ``data`` was parsed from, if it was (decoded as it is, see decoding.decode)."""
     name = _check_body(res, data, namespace)
-    decoded = _decode(res, data, name, validation)
+    decoded = _decode(res, data, name, validation, json_body)
     obj = res.default(_server_owned(decoded.value, namespace))
     errors = res.validate(obj)
     if errors:
@@ -204,12 +210,19 @@ def _check_body(res: Resource, data: Any, namespace: str | None) -> str | None:
 
 
 def _decode(
-    res: Resource, data: Mapping[str, Any], name: str | None, validation: FieldValidation
+    res: Resource,
+    data: Mapping[str, Any],
+    name: str | None,
+    validation: FieldValidation,
+    json_body: bytes | None = None,
 ) -> Decoded[Any]:
     """The typed object, or 422 with every type error (and, under Strict, every unknown field) at once."""
     # Users never write status: it is the controllers'. Dropped before decoding, so a status in the body
     # (say, from `nodus get -o yaml`) is neither stored nor able to fail the request.
-    decoded = decode({k: v for k, v in data.items() if k != "status"}, res.object_type)
+    if "status" in data:
+        decoded = decode({k: v for k, v in data.items() if k != "status"}, res.object_type)
+    else:
+        decoded = decode(data, res.object_type, json_source=json_body)
     causes = decoded.errors + (decoded.unknown_errors() if validation is FieldValidation.STRICT else [])
     if causes or decoded.value is None:
         raise invalid(res, name, causes)

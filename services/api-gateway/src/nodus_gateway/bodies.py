@@ -41,9 +41,14 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
+def is_json(content_type: str) -> bool:
+    """Whether a body of this type is read as JSON. No Content-Type is, which is what curl users mean."""
+    return content_type in ("", *JSON_TYPES) or content_type.endswith("+json")
+
+
 def parse(body: bytes, content_type: str) -> Any:
-    """The body as plain data. No Content-Type is read as JSON, which is what curl users mean."""
-    if content_type in ("", *JSON_TYPES) or content_type.endswith("+json"):
+    """The body as plain data: JSON (see :func:`is_json`) or YAML."""
+    if is_json(content_type):
         try:
             return msgspec.json.decode(body)
         except msgspec.DecodeError as e:

@@ -6,14 +6,17 @@ requests are sequential core-NATS round trips, made only for the compute kinds (
 kinds with a spec to estimate.
 
 "Nobody answers" is cheap to find out: NATS answers a request on a subject without subscribers with "no
-responders" at once (``messaging.request`` raises :class:`~nodus_kit.errors.Unavailable`), so a gateway
-without the estimate services pays one round trip per create, not the timeout.
+responders" at once (``messaging.request`` raises :class:`~nodus_kit.errors.Unavailable`). Even so, once
+the services did not answer (no responders, or a timeout) a real create does not ask again for
+:data:`UNANSWERED_PAUSE_S`: while they are down, creates neither wait for them nor double the bus traffic,
+and they come back into use within that pause. A dry run always asks (it exists for the estimate).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +38,8 @@ log = logging.getLogger(__name__)
 
 ESTIMATE_TIMEOUT_S: Final = 2.0
 """Each of the two requests; a service that is up answers in milliseconds."""
+UNANSWERED_PAUSE_S: Final = 1.0
+"""After the services did not answer, how long real creates go on without asking."""
 COMPUTE_KINDS: Final = frozenset({"Job", "Sweep"})
 """The kinds that carry ``status.estimate``."""
 
@@ -62,6 +67,7 @@ async def ask(nc: NATS, res: Resource, obj: Any, *, timeout: float | None = None
     scheduled = await messaging.request(nc, ESTIMATE_SUBJECT, request, EstimateReply, timeout=timeout)
     quote = QuoteRequest(request=request, scheduled=scheduled)
     priced = await messaging.request(nc, QUOTE_SUBJECT, quote, EstimateReply, timeout=timeout)
+    resume(nc)  # they answer: creates ask again at once
     return priced.estimate
 
 
@@ -84,11 +90,16 @@ async def estimate_for(nc: NATS, res: Resource, obj: Any) -> Asked:
     :class:`Asked` without an estimate, logged. Raises :class:`~nodus_kit.errors.Invalid`."""
     if not estimable(res):
         return Asked(None)
+    paused = _paused.get(nc)
+    if paused is not None and time.monotonic() < paused[0]:
+        return Asked(None, paused[1])
     try:
         return Asked(await ask(nc, res, obj))
     except kit.NodusError as e:
         if not _unanswered(e):
             raise
+        missing = str(e) or e.reason
+        _paused[nc] = (time.monotonic() + UNANSWERED_PAUSE_S, missing)
         meta = obj.metadata
         if _should_log(e.reason):
             log.warning(
@@ -102,7 +113,16 @@ async def estimate_for(nc: NATS, res: Resource, obj: Any) -> Asked:
                     "reason": e.reason,
                 },
             )
-        return Asked(None, str(e) or e.reason)
+        return Asked(None, missing)
+
+
+# Per connection (a gateway has one): until when creates do not ask, and why.
+_paused: weakref.WeakKeyDictionary[NATS, tuple[float, str]] = weakref.WeakKeyDictionary()
+
+
+def resume(nc: NATS) -> None:
+    """Creates on ``nc`` ask for estimates again from now on (after a pause, see the module's notes)."""
+    _paused.pop(nc, None)
 
 
 LOG_EVERY_S = 10.0

@@ -374,8 +374,11 @@ class _Routes:
     async def create(self, namespace: str, request: Request, opts: WriteQ) -> Response:
         await authorize(request, "create", self.res.plural, namespace)
         _check_namespace(namespace)
-        data = await self._body(request)
-        admitted = admit(self.res, data, namespace, opts.validation)
+        body = await bodies.read_body(request, self.max_body_bytes)
+        media = bodies.media_type(request)
+        data = bodies.parse(body, media)
+        json_body = body if bodies.is_json(media) else None
+        admitted = admit(self.res, data, namespace, opts.validation, json_body=json_body)
         admitted = bind(self.res, admitted, request.headers.get("if-match"))
         estimated = await self._estimated(admitted, dry_run=opts.dry_run)
         admitted, headers = estimated.admitted, estimated.headers
