@@ -33,6 +33,15 @@ class AttemptSpec(Wire):
     gpu_variant: str | None = None
 
 
+class AttemptPlacement(Wire):
+    """Where the scheduler put the run, and why there (the same explain shape as an estimate's preview)."""
+
+    explain: str | None = None
+    interruptible: bool | None = None
+    offering: str | None = None
+    region_class: str | None = None
+
+
 class AttemptStatus(Wire):
     phase: str = "Pending"
     reason: str | None = None
@@ -42,6 +51,7 @@ class AttemptStatus(Wire):
     exit_code: int | None = None
     wall_millis: int | None = None
     units_per_second: str | None = None
+    placement: AttemptPlacement | None = None
 
 
 class Attempt(Wire):

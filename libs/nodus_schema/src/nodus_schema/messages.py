@@ -4,6 +4,8 @@ so fields can be added without breaking anyone; tagged unions where one subject 
 * ``nodus.assign.<node>``: :class:`StartAttempt` | :class:`StopAttempt` (scheduler -> node agent)
 * ``nodus.report.<node>.<namespace>.<attempt>``: :class:`AttemptStarted` | :class:`AttemptProgress` |
   :class:`AttemptFinished` (node agent -> scheduler, billing)
+* ``nodus.events.<namespace>.<plural>.<name>``: :class:`ObjectEvent` (every controller -> operators,
+  ``nodus tail``; Kubernetes' Events, on the bus)
 """
 
 from __future__ import annotations
@@ -31,12 +33,20 @@ class StartAttempt(BusMessage, tag="StartAttempt"):
     working_dir: str | None = None
     completions: int = 1
     timeout_seconds: int | None = None
+    continuity: str | None = None
+    """The Job's recovery.continuity: Checkpointed (restore ``restore_from``'s latest checkpoint first),
+    Restartable (the program resumes from its own progress cursor under /nodus/state) or Ephemeral."""
+    restore_from: str | None = None
+    """The earlier Attempt of this index whose state to restore (a replacement after lost capacity, or
+    a resume after a suspension); None for a first run."""
 
 
 class StopAttempt(BusMessage, tag="StopAttempt"):
     namespace: str
     attempt: str
     reason: str
+    checkpoint: bool = False
+    """Take a checkpoint before stopping (a suspension of a Checkpointed Job keeps its progress)."""
 
 
 Assignment = StartAttempt | StopAttempt
@@ -70,3 +80,20 @@ class AttemptFinished(BusMessage, tag="AttemptFinished"):
 
 
 Report = AttemptStarted | AttemptProgress | AttemptFinished
+
+
+class ObjectEvent(BusMessage, tag="Event"):
+    """One transition of an object, as a Kubernetes Event says it: a Job became Running, an Attempt was
+    placed or lost its node. Published at least once (a deterministic message id per transition)."""
+
+    namespace: str
+    kind: str
+    name: str
+    uid: str
+    reason: str
+    """A CamelCase code: the new phase or the registered reason (Placed, NodeLost, DeadlineExceeded, …)."""
+    message: str
+    time: str
+    severity: str = "Normal"
+    """Normal, or Warning for what a user should look at (a failure, lost capacity)."""
+    phase: str | None = None

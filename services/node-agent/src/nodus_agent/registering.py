@@ -109,6 +109,8 @@ class Registration:
 
     def _beat(self, node: Node) -> Node:
         # Whole seconds (metav1.Time): beats inside one second write nothing (mutate skips equal objects).
-        # Only the time: the phase is register's and mark_not_ready's (a Draining node stays Draining).
-        status = msgspec.structs.replace(node.status, last_heartbeat_time=now_rfc3339())
+        # The time, and Ready again if the scheduler marked the node NotReady for a missed beat; any other
+        # phase is register's and mark_not_ready's (a Draining node stays Draining).
+        phase = "Ready" if node.status.phase == "NotReady" else node.status.phase
+        status = msgspec.structs.replace(node.status, phase=phase, last_heartbeat_time=now_rfc3339())
         return msgspec.structs.replace(node, status=status)

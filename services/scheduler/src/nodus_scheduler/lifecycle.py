@@ -1,31 +1,61 @@
-"""The Job lifecycle, level-triggered: read the Job and its Attempts, take one step, write the status.
+"""The Job lifecycle, level-triggered: read the Job and its Attempts, decide, write the status.
 
-Safe to kill at any line: an Attempt is created before its assignment is published, and every Pending
-Attempt's assignment is published again on each pass (the agent is idempotent on the attempt name and
-the stream drops duplicate ids), so a crash between the two writes only delays the start.
+Each reconcile reads the Job from the store and its Attempts from the scheduler's cache
+(:mod:`nodus_scheduler.caching`), then, in this order:
+
+1. stops what must not run (a deleted Job's runs, leftovers of an earlier Job of the same name, a finished
+   Job's, a cancelled, suspended or timed-out Job's; a Checkpointed Job suspends with a checkpoint);
+2. marks Lost the runs of nodes that stopped heartbeating (infrastructure, never the user's failure);
+3. publishes again the assignment of a run still Pending after :data:`REASSIGN_AFTER_S` (a crash between
+   creating an Attempt and publishing its assignment only delays the start);
+4. tells the binder (:mod:`nodus_scheduler.binding`) which indexes want a run now, in its line;
+5. writes the status: counters, phase and reason, conditions, and an event on every transition.
+
+Safe to kill at any line: every decision is made again from the store on the next pass, and every write
+is a compare-and-set or carries a deterministic id. The rules (ADR-0015):
+
+* **Indexes**: each index succeeds exactly once; ``parallelism`` indexes run at once.
+* **backoffLimit** counts customer failures (non-zero exit, OOM) across all indexes.
+* **recovery.maxAttempts** counts, per index, the infrastructure losses in a row without progress: a run
+  that lasted ``minProgressDuration`` before it was lost made progress, and the count starts again.
+* **onInterruption: Fail** fails the Job on the first lost run instead of replacing it.
+* **continuity**: a replacement (or a resumed run) of a Checkpointed or Restartable Job names the run it
+  continues (``restoreFrom``); an Ephemeral Job starts over.
+* **timeout** counts from the first Provisioning, without the time Suspended: on resume, as Kubernetes
+  does, ``status.startTime`` moves forward by the time spent suspended.
+* **queueTimeout**: a Job that waited that long for capacity with nothing running fails with
+  CapacityUnavailable ("0s" waits for ever).
+* **ttlSecondsAfterFinished** deletes the Job and its Attempts that long after it finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any, Final
 
 import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_kit import messaging
-from nodus_kit.errors import AlreadyExists, NotFound
-from nodus_kit.selecting import Selector
+from nodus_kit.errors import NotFound
 from nodus_kit.storing import ObjectStore
-from nodus_scheduler.placing import NoPlacement, place, rate_ceiling_of
+from nodus_scheduler.binding import Binder, Choice, Demand
+from nodus_scheduler.caching import Cache, JobKey, job_key
+from nodus_scheduler.eventing import publish_event
+from nodus_scheduler.placing import HEARTBEAT_GRACE, NoPlacement, place, rate_ceiling_of
 from nodus_schema.attempts import (
     ATTEMPT_TERMINAL,
     JOB_LABEL,
     JOB_UID_LABEL,
     Attempt,
+    AttemptPlacement,
     AttemptSpec,
     AttemptStatus,
     attempt_name,
@@ -33,16 +63,37 @@ from nodus_schema.attempts import (
 from nodus_schema.catalog import Catalog
 from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
 from nodus_schema.messages import StartAttempt, StopAttempt
-from nodus_schema.meta import Condition, ObjectMeta, OwnerReference, now_rfc3339, set_condition
+from nodus_schema.meta import (
+    Condition,
+    ObjectMeta,
+    OwnerReference,
+    find_condition,
+    format_time,
+    now_rfc3339,
+    parse_time,
+    set_condition,
+)
 from nodus_schema.nodes import Node
 from nodus_schema.quantities import parse_duration
 from nodus_schema.wire import API_VERSION
 
+__all__ = ["JOB_LABEL", "Lifecycle", "View", "compress", "summarize"]
+
 log = logging.getLogger(__name__)
-DEFAULT_BACKOFF_LIMIT = 6
-DEFAULT_MAX_ATTEMPTS = 3
-# Even with no event, look at every unfinished Job this often (a safety net, not the trigger).
-RECHECK_S = 10.0
+DEFAULT_BACKOFF_LIMIT: Final = 6
+DEFAULT_MAX_ATTEMPTS: Final = 3
+DEFAULT_MIN_PROGRESS_S: Final = 120.0
+RECHECK_S: Final = 10.0
+"""Even with no event, look at every unfinished Job this often (a safety net, not the trigger)."""
+REASSIGN_AFTER_S: Final = 5.0
+"""A run still Pending this long after its Attempt was created gets its assignment published again."""
+NODE_CHECK_S: Final = 2.0
+"""How often the node monitor looks for nodes whose heartbeats stopped."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What the Attempts say
+# ---------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -52,11 +103,13 @@ class View:
     succeeded: dict[int, Attempt] = field(default_factory=dict)
     active: dict[int, Attempt] = field(default_factory=dict)
     failures: int = 0  # customer failures, across all indexes (backoffLimit)
-    infra: dict[int, int] = field(default_factory=dict)  # infrastructure replacements per index
-    tries: dict[int, int] = field(default_factory=dict)  # attempts started per index
+    infra: dict[int, int] = field(default_factory=dict)  # losses in a row without progress, per index
+    lost: int = 0  # every lost run (onInterruption: Fail)
+    tries: dict[int, int] = field(default_factory=dict)  # the highest attempt number per index
+    last: dict[int, Attempt] = field(default_factory=dict)  # the latest finished run per index
 
 
-def summarize(attempts: list[Attempt]) -> View:
+def summarize(attempts: list[Attempt], min_progress_s: float = DEFAULT_MIN_PROGRESS_S) -> View:
     v = View()
     for a in sorted(attempts, key=lambda a: a.spec.attempt):
         i, phase = a.spec.index, a.status.phase
@@ -66,10 +119,26 @@ def summarize(attempts: list[Attempt]) -> View:
         elif phase == "Failed":
             v.failures += 1
         elif phase == "Lost":
-            v.infra[i] = v.infra.get(i, 0) + 1
+            v.lost += 1
+            # A run that lasted minProgressDuration made progress: the losses in a row start again.
+            v.infra[i] = 0 if _ran_for(a) >= min_progress_s else v.infra.get(i, 0) + 1
         elif phase not in ATTEMPT_TERMINAL:
             v.active[i] = a
+        if phase in ATTEMPT_TERMINAL:
+            v.last[i] = a
     return v
+
+
+def _ran_for(a: Attempt) -> float:
+    """Seconds the program ran (from its start report to the end of the run), 0 if it never started."""
+    if not a.status.start_time or not a.status.finish_time:
+        return 0.0
+    return (parse_time(a.status.finish_time) - parse_time(a.status.start_time)).total_seconds()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The controller's reconcile
+# ---------------------------------------------------------------------------------------------------------
 
 
 class Lifecycle:
@@ -79,134 +148,194 @@ class Lifecycle:
         self.attempts = ObjectStore(nc, "attempts", Attempt)
         self.nodes = ObjectStore(nc, "nodes", Node)
         self.catalog = catalog
-        # One placement at a time: choosing a free node and claiming it (creating the Attempt) must not
-        # interleave with another Job's choice, or two Jobs could take the same node.
-        self._placing = asyncio.Lock()
-        self.waiting: set[tuple[str, str]] = set()
+        self.cache = Cache(self.nodes, self.attempts)
+        self.binder = Binder(self.cache, self.attempts, self._choose, self._assign, on_bound=self._requeue)
+        self.requeue: Callable[[JobKey], None] = lambda key: None
+        """Set by the service: put a Job in the controller's work queue."""
+        self.cache.hooks.append(self._on_change)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._not_ready: set[str] = set()
 
+    @property
+    def waiting(self) -> set[JobKey]:
+        """Jobs in the binder's line (tests and the logs read it)."""
+        return set(self.binder.line)
+
+    # -- running -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start leading: the cache (if not yet following the store), the binder and the node monitor."""
+        if not self.cache.following:
+            await self.cache.start()
+        self._tasks = [
+            asyncio.create_task(self.binder.run(), name="scheduler:binder"),
+            asyncio.create_task(self._monitor_nodes(), name="scheduler:nodes"),
+        ]
+
+    async def stop_leading(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        self.binder.line.clear()  # the next leader (maybe this one again) builds the line anew
+
+    async def stop(self) -> None:
+        await self.stop_leading()
+        await self.cache.stop()
+
+    def _requeue(self, key: JobKey) -> None:
+        self.requeue(key)
+
+    def _on_change(self, kind: str, obj: Any) -> None:
+        if kind == "Attempt":
+            self.requeue(job_key(obj))
+        else:
+            self.binder.kick()  # a node came, changed or went: waiting Jobs may fit now
+
+    async def _monitor_nodes(self) -> None:
+        """Nodes whose heartbeats stopped: their runs are reconciled (and marked Lost) without waiting for
+        the resync, since a missed heartbeat is no event of its own."""
+        await self.cache.synced.wait()
+        while True:
+            now = datetime.now(UTC)
+            dead = {name for name, node in self.cache.nodes.items() if not _alive(node, now)}
+            for name in dead - self._not_ready:
+                await self._mark_not_ready(name)
+                for a in list(self.cache.attempts.values()):
+                    if a.spec.node == name and a.status.phase not in ATTEMPT_TERMINAL:
+                        self.requeue(job_key(a))
+            self._not_ready = dead
+            await asyncio.sleep(NODE_CHECK_S)
+
+    async def _mark_not_ready(self, name: str) -> None:
+        """A missed heartbeat makes the node NotReady (its agent sets it Ready again when it beats)."""
+
+        def change(node: Node) -> Node | None:
+            if node.status.phase == "NotReady":
+                return None
+            return msgspec.structs.replace(
+                node, status=msgspec.structs.replace(node.status, phase="NotReady")
+            )
+
+        with contextlib.suppress(Exception):  # the node may be gone, or its agent may have just beaten
+            self.cache.apply(await self.nodes.mutate(None, name, change))
+
+    # -- reconcile -----------------------------------------------------------------------------------
     async def reconcile(self, key: tuple[str, str]) -> float | None:
+        await self.cache.synced.wait()
         ns, name = key
-        named = await self._attempts_of(ns, name)
+        named = self.cache.attempts_of(key)
         try:
             job = await self.jobs.get(ns, name)
         except NotFound:
             # The Job was deleted (or its Sweep was): nothing of it may keep running.
             await self._stop(named, "JobDeleted")
-            self.waiting.discard(key)
+            self.binder.drop(key)
             return None
-        attempts = [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) == job.metadata.uid]
+        uid = job.metadata.uid
+        attempts = [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) == uid]
         # Leftovers of an earlier Job of the same name: stop them, never count them.
-        await self._stop([a for a in named if a not in attempts], "JobDeleted")
+        await self._stop([a for a in named if a.metadata.labels.get(JOB_UID_LABEL) != uid], "JobDeleted")
         if job.status.phase in TERMINAL_PHASES:
+            self.binder.drop(key)
             await self._stop(attempts, "JobFinished")
-            self.waiting.discard(key)
-            return None
-        await self._mark_lost(attempts)
-        halt = self._halt_reason(job)
+            return await self._expire(job)
+        now = datetime.now(UTC)
+        if await self._mark_lost(attempts, now):
+            attempts = [a for a in self.cache.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+        halt = _halt_reason(job, now)
         if halt:
-            # Cancelled, Suspended or past the deadline: what runs stops (the agent reports Stopped).
-            await self._stop(attempts, halt)
-        view = summarize(attempts)
-        for a in view.active.values():
-            if a.status.phase == "Pending":
-                await self._assign(job, a)
-        message = await self._step(job, view)
-        view = summarize(
-            [
-                a
-                for a in await self._attempts_of(ns, name)
-                if a.metadata.labels.get(JOB_UID_LABEL) == job.metadata.uid
-            ]
-        )
-        status = self._status(job, view, message)
-        if status.phase in TERMINAL_PHASES:
-            await self._stop(list(view.active.values()), status.reason or "JobFinished")
+            await self._stop(
+                attempts, halt, checkpoint=halt == "Suspended" and _continuity(job) == "Checkpointed"
+            )
+        view = summarize(attempts, _min_progress_s(job))
+        await self._reassign_stuck(job, view, now)
+        runs = self._wanted(job, view, halt)
+        self.binder.want(key, Demand(job, runs))
+        status = self._status(job, view, self.binder.unplaced.get(key) if runs else None, now)
         await self._write_status(job, status)
-        return None if status.phase in TERMINAL_PHASES else RECHECK_S
+        return _next_check(job, status, now)
 
-    async def _attempts_of(self, ns: str, name: str) -> list[Attempt]:
-        page = await self.attempts.list(ns, selector=Selector.equals({JOB_LABEL: name}))
-        return page.items
-
-    async def _step(self, job: Job, view: View) -> str | None:
-        """Start Attempts for indexes that need one, up to parallelism. Returns why one could not start."""
+    def _wanted(self, job: Job, view: View, halt: str | None) -> list[tuple[int, int]]:
+        """(index, attempt number) of the runs to start now, up to parallelism; none when halted."""
         spec = job.spec
-        if self._halt_reason(job) or self._over_backoff(job, view):
-            return None
-        completions, parallelism = spec.completions or 1, spec.parallelism or 1
-        max_attempts = (spec.recovery.max_attempts if spec.recovery else None) or DEFAULT_MAX_ATTEMPTS
-        todo = [
-            i
-            for i in range(completions)
-            if i not in view.succeeded and i not in view.active and view.infra.get(i, 0) < max_attempts
-        ]
-        key = (job.metadata.namespace or "", job.metadata.name or "")
-        free = parallelism - len(view.active)
-        if not todo or free <= 0:
-            self.waiting.discard(key)
-            return None
-        async with self._placing:
-            for index in todo[:free]:
-                placed = await self._place_one(job, index, view.tries.get(index, 0) + 1)
-                if placed is not None:
-                    self.waiting.add(key)
-                    return placed
-        self.waiting.discard(key)
-        return None
+        if halt or _over_backoff(job, view) or _interrupted_fail(job, view):
+            return []
+        max_attempts = _max_attempts(job)
+        if any(n >= max_attempts for i, n in view.infra.items() if i not in view.succeeded):
+            return []  # an index used up its replacements: the Job fails (see _phase)
+        free = (spec.parallelism or 1) - len(view.active)
+        todo = [i for i in range(spec.completions or 1) if i not in view.succeeded and i not in view.active]
+        return [(i, view.tries.get(i, 0) + 1) for i in todo[: max(free, 0)]]
 
-    async def _place_one(self, job: Job, index: int, attempt_no: int) -> str | None:
-        nodes = (await self.nodes.list()).items
-        busy = await self._busy_nodes()
+    async def _reassign_stuck(self, job: Job, view: View, now: datetime) -> None:
+        for a in view.active.values():
+            created = a.metadata.creation_timestamp
+            if (
+                a.status.phase == "Pending"
+                and created
+                and (now - parse_time(created)).total_seconds() >= REASSIGN_AFTER_S
+            ):
+                await self._assign(job, a)
+
+    # -- placing (called by the binder) ----------------------------------------------------------------
+    def _choose(self, job: Job, index: int, attempt_no: int, busy: set[str]) -> Choice | str:
+        nodes = list(self.cache.nodes.values())
         # A create bound to a dry-run's estimate is never placed above its rate + 10 % (ADR-031).
         choice = place(job.spec, nodes, busy, self.catalog, ceiling_micros=rate_ceiling_of(job.metadata))
         if isinstance(choice, NoPlacement):
             return choice.message
-        meta = job.metadata
-        attempt = Attempt(
-            metadata=ObjectMeta(
-                name=attempt_name(meta.name or "", meta.uid or "", index, attempt_no),
-                namespace=meta.namespace,
-                labels={JOB_LABEL: meta.name or "", JOB_UID_LABEL: meta.uid or ""},
-                owner_references=[
-                    OwnerReference(
-                        api_version=API_VERSION,
-                        kind="Job",
-                        name=meta.name or "",
-                        uid=meta.uid or "",
-                        controller=True,
-                    )
-                ],
-            ),
-            spec=AttemptSpec(
-                job=meta.name or "",
-                index=index,
-                attempt=attempt_no,
-                node=choice.node.metadata.name or "",
-                offering=choice.offering.id,
-                region_class=choice.offering.region_class,
-                rate_micros_per_hour=choice.offering.rate_micros_per_hour,
-                pricebook_version=self.catalog.pricebook_version,
-                gpu_variant=choice.offering.variant,
-            ),
-            status=AttemptStatus(phase="Pending"),
+        meta, offering = job.metadata, choice.offering
+        previous = self.cache.attempts.get(
+            (meta.namespace or "", attempt_name(meta.name or "", meta.uid or "", index, attempt_no - 1))
         )
-        try:
-            attempt = await self.attempts.create(attempt)
-        except AlreadyExists:
-            return None  # a previous pass created it; this pass re-publishes its assignment below
-        log.info("placed", extra={"job": meta.name, "index": index, "node": attempt.spec.node})
-        await self._assign(job, attempt)
-        return None
-
-    async def _busy_nodes(self) -> set[str]:
-        page = await self.attempts.list()
-        return {a.spec.node for a in page.items if a.status.phase not in ATTEMPT_TERMINAL}
+        return Choice(
+            Attempt(
+                metadata=ObjectMeta(
+                    name=attempt_name(meta.name or "", meta.uid or "", index, attempt_no),
+                    namespace=meta.namespace,
+                    labels={JOB_LABEL: meta.name or "", JOB_UID_LABEL: meta.uid or ""},
+                    owner_references=[
+                        OwnerReference(
+                            api_version=API_VERSION,
+                            kind="Job",
+                            name=meta.name or "",
+                            uid=meta.uid or "",
+                            controller=True,
+                        )
+                    ],
+                ),
+                spec=AttemptSpec(
+                    job=meta.name or "",
+                    index=index,
+                    attempt=attempt_no,
+                    node=choice.node.metadata.name or "",
+                    offering=offering.id,
+                    region_class=offering.region_class,
+                    rate_micros_per_hour=offering.rate_micros_per_hour,
+                    pricebook_version=self.catalog.pricebook_version,
+                    gpu_variant=offering.variant,
+                ),
+                status=AttemptStatus(
+                    phase="Pending",
+                    placement=AttemptPlacement(
+                        offering=offering.id,
+                        region_class=offering.region_class,
+                        interruptible=False,
+                        explain=_explain(choice.node, len(nodes), len(busy), previous),
+                    ),
+                ),
+            )
+        )
 
     async def _assign(self, job: Job, attempt: Attempt) -> None:
         spec = job.spec
-        left = self._deadline_left(job)
+        left = _deadline_left(job, datetime.now(UTC))
         # The agent enforces what is left of the Job's timeout on this run (the Job's clock, not the run's).
         timeout = None if left is None else max(1, math.ceil(left))
+        continuity = _continuity(job)
+        previous = _previous_run(self.cache, attempt)
         message = StartAttempt(
             namespace=attempt.metadata.namespace or "",
             job=job.metadata.name or "",
@@ -221,6 +350,8 @@ class Lifecycle:
             working_dir=spec.working_dir,
             completions=spec.completions or 1,
             timeout_seconds=timeout,
+            continuity=continuity,
+            restore_from=previous if continuity in ("Checkpointed", "Restartable") else None,
         )
         await messaging.publish(
             self.js,
@@ -228,13 +359,24 @@ class Lifecycle:
             message,
             msg_id=f"{attempt.metadata.namespace}/{attempt.metadata.name}:start",
         )
+        if attempt.spec.attempt == 1 or previous is not None:
+            await publish_event(
+                self.js,
+                attempt,
+                "Placed",
+                f"index {attempt.spec.index} run {attempt.spec.attempt} placed on {attempt.spec.node} "
+                f"({attempt.spec.offering})",
+            )
 
-    async def _stop(self, attempts: list[Attempt], reason: str) -> None:
+    async def _stop(self, attempts: list[Attempt], reason: str, *, checkpoint: bool = False) -> None:
         for a in attempts:
             if a.status.phase in ATTEMPT_TERMINAL:
                 continue
             stop = StopAttempt(
-                namespace=a.metadata.namespace or "", attempt=a.metadata.name or "", reason=reason
+                namespace=a.metadata.namespace or "",
+                attempt=a.metadata.name or "",
+                reason=reason,
+                checkpoint=checkpoint,
             )
             await messaging.publish(
                 self.js,
@@ -243,52 +385,52 @@ class Lifecycle:
                 msg_id=f"{a.metadata.namespace}/{a.metadata.name}:stop",
             )
 
-    async def _mark_lost(self, attempts: list[Attempt]) -> None:
-        """Active Attempts on a node that stopped heartbeating are lost: infrastructure, not the user's."""
-        from datetime import UTC, datetime
-
-        from nodus_scheduler.placing import HEARTBEAT_GRACE
-        from nodus_schema.meta import parse_time
-
-        now = datetime.now(UTC)
+    async def _mark_lost(self, attempts: list[Attempt], now: datetime) -> bool:
+        """Active Attempts on a node that stopped heartbeating are lost: infrastructure, not the user's.
+        The node is told to stop them too, in case it comes back. Whether any was marked."""
+        marked = False
         for a in attempts:
             if a.status.phase in ATTEMPT_TERMINAL:
                 continue
+            node = self.cache.nodes.get(a.spec.node)
+            if node is not None and _alive(node, now):
+                continue
             try:
-                node = await self.nodes.get(None, a.spec.node)
-                beat = node.status.last_heartbeat_time
-                alive = node.status.phase == "Ready" and beat and now - parse_time(beat) <= HEARTBEAT_GRACE
+                lost = await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", _lost)
             except NotFound:
-                alive = False
-            if not alive:
-                await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", _lost)
+                continue
+            self.cache.apply(lost)
+            marked = True
+            await self._stop([a], "NodeLost")
+            await publish_event(
+                self.js, lost, "NodeLost", f"node {a.spec.node} stopped heartbeating", severity="Warning"
+            )
+        return marked
 
-    def _deadline_left(self, job: Job) -> float | None:
-        """Seconds left of spec.timeout, counted from the Job's start (time Suspended is not excluded yet)."""
-        if not job.spec.timeout:
+    async def _expire(self, job: Job) -> float | None:
+        """ttlSecondsAfterFinished: delete the finished Job and its Attempts once it has passed."""
+        ttl, done = job.spec.ttl_seconds_after_finished, job.status.completion_time
+        if ttl is None or not done:
             return None
-        total = parse_duration(job.spec.timeout).total_seconds()
-        if not job.status.start_time:
-            return total
-        from datetime import UTC, datetime
+        left = (parse_time(done) + timedelta(seconds=ttl) - datetime.now(UTC)).total_seconds()
+        if left > 0:
+            return left
+        key = (job.metadata.namespace or "", job.metadata.name or "")
+        for a in self.cache.attempts_of(key):
+            with contextlib.suppress(NotFound):
+                await self.attempts.delete(a.metadata.namespace, a.metadata.name or "")
+        with contextlib.suppress(NotFound):
+            await self.jobs.delete(job.metadata.namespace, job.metadata.name or "")
+        await publish_event(
+            self.js, job, "Expired", f"deleted {ttl}s after it finished (ttlSecondsAfterFinished)"
+        )
+        return None
 
-        from nodus_schema.meta import parse_time
-
-        return total - (datetime.now(UTC) - parse_time(job.status.start_time)).total_seconds()
-
-    def _halt_reason(self, job: Job) -> str | None:
-        if job.spec.state in ("Cancelled", "Suspended"):
-            return job.spec.state
-        left = self._deadline_left(job)
-        return "DeadlineExceeded" if left is not None and left <= 0 else None
-
-    def _over_backoff(self, job: Job, view: View) -> bool:
-        limit = job.spec.backoff_limit if job.spec.backoff_limit is not None else DEFAULT_BACKOFF_LIMIT
-        return view.failures > limit
-
-    def _status(self, job: Job, view: View, unplaced: str | None) -> JobStatus:
+    # -- status --------------------------------------------------------------------------------------
+    def _status(self, job: Job, view: View, unplaced: str | None, now: datetime) -> JobStatus:
         spec, old = job.spec, job.status
         completions = spec.completions or 1
+        conditions = [msgspec.structs.replace(c) for c in old.conditions]  # set_condition changes in place
         status = msgspec.structs.replace(
             old,
             active=len(view.active),
@@ -299,81 +441,241 @@ class Lifecycle:
             observed_generation=job.metadata.generation,
         )
         if view.tries and not status.start_time:
-            status = msgspec.structs.replace(status, start_time=now_rfc3339())
-        phase, reason, message = self._phase(job, view, unplaced, completions)
+            status = msgspec.structs.replace(status, start_time=format_time(now))
+        status = _track_suspension(job, status, conditions, now)
+        phase, reason, message = _phase(job, view, unplaced, completions, conditions, now)
         if phase in TERMINAL_PHASES:
             wall, units = _measures(list(view.succeeded.values()))
             status = msgspec.structs.replace(
                 status,
-                completion_time=old.completion_time or now_rfc3339(),
+                completion_time=old.completion_time or format_time(now),
                 wall_seconds=wall,
                 units_per_second=units,
             )
-        status = msgspec.structs.replace(status, phase=phase, reason=reason, message=message)
-        cond = Condition(
-            type="Complete" if phase == "Succeeded" else "Failed" if phase == "Failed" else "Running",
-            status="True",
-            reason=reason or phase,
-            message=message,
-            observed_generation=job.metadata.generation,
+        stamp = format_time(now)
+        gen = job.metadata.generation
+        scheduled = "True" if view.active or view.succeeded or phase in TERMINAL_PHASES else "False"
+        set_condition(
+            conditions,
+            Condition(
+                type="Scheduled",
+                status=scheduled,
+                reason="Placed" if scheduled == "True" else "Unschedulable" if unplaced else "Waiting",
+                message=None if scheduled == "True" else unplaced or "waiting for capacity",
+                observed_generation=gen,
+            ),
+            now=stamp,
         )
         if phase not in ("Queued", "Pending"):
-            conditions = list(old.conditions)
-            set_condition(conditions, cond)
-            status = msgspec.structs.replace(status, conditions=conditions)
-        return status
-
-    def _phase(
-        self, job: Job, view: View, unplaced: str | None, completions: int
-    ) -> tuple[str, str | None, str]:
-        if job.spec.state == "Cancelled" and not view.active:
-            return "Cancelled", "Cancelled", "the Job was cancelled"
-        if self._halt_reason(job) == "DeadlineExceeded" and not view.active:
-            return "Failed", "DeadlineExceeded", f"the Job ran past its timeout of {job.spec.timeout}"
-        if self._over_backoff(job, view) and not view.active:
-            limit = job.spec.backoff_limit if job.spec.backoff_limit is not None else DEFAULT_BACKOFF_LIMIT
-            return (
-                "Failed",
-                "BackoffLimitExceeded",
-                (
-                    f"{view.failures} failed attempts exceeded backoffLimit {limit}; "
-                    "see the attempts' exit codes"
+            set_condition(
+                conditions,
+                Condition(
+                    type="Complete" if phase == "Succeeded" else "Failed" if phase == "Failed" else "Running",
+                    status="True",
+                    reason=reason or phase,
+                    message=message,
+                    observed_generation=gen,
                 ),
+                now=stamp,
             )
-        if len(view.succeeded) >= completions:
-            return "Succeeded", "Completed", f"{completions}/{completions} indexes succeeded"
-        max_attempts = (job.spec.recovery.max_attempts if job.spec.recovery else None) or DEFAULT_MAX_ATTEMPTS
-        exhausted = [i for i, n in view.infra.items() if n >= max_attempts and i not in view.succeeded]
-        if exhausted and not view.active:
-            return (
-                "Failed",
-                "CapacityLost",
-                (f"index {exhausted[0]} lost its capacity {max_attempts} times (recovery.maxAttempts)"),
-            )
-        if job.spec.state == "Suspended" and not view.active:
-            return "Suspended", "Suspended", "the Job is suspended"
-        if any(a.status.phase == "Running" for a in view.active.values()):
-            return (
-                "Running",
-                None,
-                f"{len(view.active)} running, {len(view.succeeded)}/{completions} succeeded",
-            )
-        if view.active:
-            return "Provisioning", None, f"{len(view.active)} starting"
-        return "Queued", "Unschedulable" if unplaced else None, unplaced or "waiting for capacity"
+        return msgspec.structs.replace(
+            status, phase=phase, reason=reason, message=message, conditions=conditions
+        )
 
     async def _write_status(self, job: Job, status: JobStatus) -> None:
+        old = job.status
+        if (old.phase, old.reason) != (status.phase, status.reason):
+            severity = "Warning" if status.phase == "Failed" or status.reason == "Unschedulable" else "Normal"
+            await publish_event(
+                self.js,
+                job,
+                status.reason or status.phase or "",
+                status.message or "",
+                severity=severity,
+                phase=status.phase,
+                once=f"{old.phase}>{status.phase}:{status.reason}:{status.attempts}",
+            )
+
         def change(current: Job) -> Job | None:
+            if current.metadata.uid != job.metadata.uid:
+                return None  # deleted and created again since the read: that Job is another's to judge
             # Keep billing's field: the cost is billing's to write, never the scheduler's.
-            merged = msgspec.structs.replace(status, cost=current.status.cost)
+            merged = msgspec.structs.replace(
+                status, cost=current.status.cost, estimate=current.status.estimate
+            )
             if merged == current.status:
                 return None
             return msgspec.structs.replace(current, status=merged)
 
-        try:
+        with contextlib.suppress(NotFound):
             await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
-        except NotFound:
-            pass
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Rules (pure)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _alive(node: Node, now: datetime) -> bool:
+    """Whether the node's agent is there: it beat within the grace. (Its phase says whether it takes new
+    work; a node that is draining or cordoned still runs what it has.)"""
+    beat = node.status.last_heartbeat_time
+    return beat is not None and now - parse_time(beat) <= HEARTBEAT_GRACE
+
+
+def _continuity(job: Job) -> str:
+    r = job.spec.recovery
+    return (r.continuity if r else None) or "Checkpointed"
+
+
+def _max_attempts(job: Job) -> int:
+    r = job.spec.recovery
+    return (r.max_attempts if r else None) or DEFAULT_MAX_ATTEMPTS
+
+
+def _min_progress_s(job: Job) -> float:
+    r = job.spec.recovery
+    text = r.min_progress_duration if r else None
+    return parse_duration(text).total_seconds() if text else DEFAULT_MIN_PROGRESS_S
+
+
+def _backoff_limit(job: Job) -> int:
+    return job.spec.backoff_limit if job.spec.backoff_limit is not None else DEFAULT_BACKOFF_LIMIT
+
+
+def _over_backoff(job: Job, view: View) -> bool:
+    return view.failures > _backoff_limit(job)
+
+
+def _interrupted_fail(job: Job, view: View) -> bool:
+    r = job.spec.recovery
+    return bool(view.lost) and r is not None and r.on_interruption == "Fail"
+
+
+def _suspended_since(conditions: list[Condition]) -> datetime | None:
+    c = find_condition(conditions, "Suspended")
+    return parse_time(c.last_transition_time) if c and c.status == "True" and c.last_transition_time else None
+
+
+def _deadline_left(job: Job, now: datetime) -> float | None:
+    """Seconds left of spec.timeout: counted from status.startTime, frozen while Suspended."""
+    if not job.spec.timeout:
+        return None
+    total = parse_duration(job.spec.timeout).total_seconds()
+    if not job.status.start_time:
+        return total
+    until = _suspended_since(job.status.conditions) or now
+    return total - (until - parse_time(job.status.start_time)).total_seconds()
+
+
+def _halt_reason(job: Job, now: datetime) -> str | None:
+    if job.spec.state in ("Cancelled", "Suspended"):
+        return job.spec.state
+    left = _deadline_left(job, now)
+    return "DeadlineExceeded" if left is not None and left <= 0 else None
+
+
+def _track_suspension(job: Job, status: JobStatus, conditions: list[Condition], now: datetime) -> JobStatus:
+    """The Suspended condition, and on resume startTime moved forward by the time spent suspended (so the
+    timeout does not count it: Kubernetes resets startTime on resume for the same reason)."""
+    since = _suspended_since(conditions)
+    stamp = format_time(now)
+    if job.spec.state == "Suspended":
+        if since is None:
+            set_condition(
+                conditions,
+                Condition(
+                    type="Suspended", status="True", reason="Suspended", message="spec.state is Suspended"
+                ),
+                now=stamp,
+            )
+        return status
+    if since is not None:
+        set_condition(
+            conditions,
+            Condition(type="Suspended", status="False", reason="Resumed", message="spec.state is Running"),
+            now=stamp,
+        )
+        if status.start_time:
+            moved = parse_time(status.start_time) + (now - since)
+            status = msgspec.structs.replace(status, start_time=format_time(moved))
+    return status
+
+
+def _queue_waited(conditions: list[Condition], job: Job, now: datetime) -> float:
+    c = find_condition(conditions, "Scheduled")
+    since = c.last_transition_time if c is not None and c.status == "False" else None
+    start = since or job.metadata.creation_timestamp
+    return (now - parse_time(start)).total_seconds() if start else 0.0
+
+
+def _queue_timeout_s(job: Job) -> float | None:
+    text = job.spec.placement.queue_timeout if job.spec.placement else None
+    seconds = parse_duration(text or "24h").total_seconds()
+    return None if seconds == 0 else seconds  # 0s waits for ever
+
+
+def _phase(
+    job: Job, view: View, unplaced: str | None, completions: int, conditions: list[Condition], now: datetime
+) -> tuple[str, str | None, str]:
+    spec, active = job.spec, len(view.active)
+    if spec.state == "Cancelled":
+        if not active:
+            return "Cancelled", "Cancelled", "the Job was cancelled"
+        return "Running", "Cancelling", f"the Job was cancelled; stopping {active} runs"
+    if _halt_reason(job, now) == "DeadlineExceeded":
+        if not active:
+            return "Failed", "DeadlineExceeded", f"the Job ran past its timeout of {spec.timeout}"
+        return "Running", "DeadlineExceeded", f"past its timeout of {spec.timeout}; stopping {active} runs"
+    if _over_backoff(job, view) and not active:
+        return (
+            "Failed",
+            "BackoffLimitExceeded",
+            f"{view.failures} failed runs exceeded backoffLimit {_backoff_limit(job)}; "
+            "see the attempts' exit codes",
+        )
+    if len(view.succeeded) >= completions:
+        return "Succeeded", "Completed", f"{completions}/{completions} indexes succeeded"
+    if _interrupted_fail(job, view) and not active:
+        return "Failed", "CapacityLost", "a run lost its capacity and recovery.onInterruption is Fail"
+    max_attempts = _max_attempts(job)
+    exhausted = [i for i, n in view.infra.items() if n >= max_attempts and i not in view.succeeded]
+    if exhausted and not active:
+        return (
+            "Failed",
+            "CapacityLost",
+            f"index {exhausted[0]} lost its capacity {max_attempts} times in a row (recovery.maxAttempts)",
+        )
+    if spec.state == "Suspended":
+        if not active:
+            return "Suspended", "Suspended", "the Job is suspended"
+        return "Running", "Suspended", f"suspending: stopping {active} runs"
+    if any(a.status.phase == "Running" for a in view.active.values()):
+        return "Running", None, f"{active} running, {len(view.succeeded)}/{completions} succeeded"
+    if active:
+        return "Provisioning", None, f"{active} starting"
+    limit = _queue_timeout_s(job)
+    waited = _queue_waited(conditions, job, now)
+    if limit is not None and waited >= limit:
+        why = f": {unplaced}" if unplaced else ""
+        wait = job.spec.placement.queue_timeout if job.spec.placement else None
+        return "Failed", "CapacityUnavailable", f"no capacity within queueTimeout {wait or '24h'}{why}"
+    return "Queued", "Unschedulable" if unplaced else None, unplaced or "waiting for capacity"
+
+
+def _next_check(job: Job, status: JobStatus, now: datetime) -> float | None:
+    """When to look again without an event: a deadline, a queue timeout, a TTL, else the safety net."""
+    if status.phase in TERMINAL_PHASES:
+        ttl = job.spec.ttl_seconds_after_finished
+        return float(ttl) if ttl is not None else None
+    checks = [RECHECK_S]
+    left = _deadline_left(msgspec.structs.replace(job, status=status), now)
+    if left is not None:
+        checks.append(max(left, 0.05))
+    limit = _queue_timeout_s(job)
+    if status.phase == "Queued" and limit is not None:
+        checks.append(max(limit - _queue_waited(status.conditions, job, now), 0.05))
+    return min(checks)
 
 
 def _lost(a: Attempt) -> Attempt | None:
@@ -389,6 +691,23 @@ def _lost(a: Attempt) -> Attempt | None:
             message=f"node {a.spec.node} stopped heartbeating",
         ),
     )
+
+
+def _previous_run(cache: Cache, attempt: Attempt) -> str | None:
+    """The run this one continues: the index's previous Attempt, if it ever started."""
+    if attempt.spec.attempt <= 1:
+        return None
+    meta = attempt.metadata
+    name = (meta.name or "").rsplit("-a", 1)[0] + f"-a{attempt.spec.attempt - 1}"
+    prev = cache.attempts.get((meta.namespace or "", name))
+    return name if prev is not None and prev.status.start_time else None
+
+
+def _explain(node: Node, total: int, busy: int, previous: Attempt | None) -> str:
+    why = f"{node.metadata.name}: cheapest fitting node of {total} ({busy} busy)"
+    if previous is not None:
+        why += f"; replaces {previous.metadata.name} ({previous.status.reason or previous.status.phase})"
+    return why
 
 
 def _measures(succeeded: list[Attempt]) -> tuple[int | None, str | None]:

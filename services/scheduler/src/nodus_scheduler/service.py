@@ -5,17 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
-from typing import Any
 
-from nodus_kit.controlling import Controller, Key, Source
+from nodus_kit.controlling import Controller, Source
 from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Service
-from nodus_kit.storing import Event
 from nodus_scheduler.cataloging import load_catalog
 from nodus_scheduler.estimating import serve_estimates
-from nodus_scheduler.lifecycle import JOB_LABEL, Lifecycle
+from nodus_scheduler.lifecycle import Lifecycle
 from nodus_scheduler.publishing import publish_catalog
 from nodus_scheduler.reporting import Reports
 from nodus_schema.messages import Report
@@ -31,22 +28,17 @@ class SchedulerService(Service):
         await publish_catalog(self.bus, catalog)
         self.lifecycle = Lifecycle(self.bus, catalog)
         life = self.lifecycle
-
-        def attempt_to_job(event: Event[Any]) -> Iterable[Key]:
-            a = event.object
-            return [(a.metadata.namespace or "", a.metadata.labels.get(JOB_LABEL, a.spec.job))]
-
-        def node_to_waiting(event: Event[Any]) -> Iterable[Key]:
-            # A node came, went or freed up: every Job waiting for capacity gets another look.
-            return list(life.waiting)
-
+        # Jobs are watched by the controller; Attempts and Nodes by the lifecycle's cache, which puts the
+        # Jobs they concern in the same queue once its view holds the change (caching.py says why).
         self.controller = Controller(
             "scheduler",
             life.reconcile,
-            [Source(life.jobs), Source(life.attempts, attempt_to_job), Source(life.nodes, node_to_waiting)],
+            [Source(life.jobs)],
             workers=4,
             resync_s=float(self.settings.env.get("NODUS_RESYNC_S", "30")),
         )
+        life.requeue = lambda key: self.controller.queue.add(key)
+        await life.cache.start()
         self.reports = Consumer(
             self.bus.jetstream(),
             stream="NODUS_REPORTS",
@@ -58,14 +50,24 @@ class SchedulerService(Service):
         await self.reports.start()
         self.estimates = await serve_estimates(self.bus, catalog)  # nodus.rpc.scheduler.estimate (ADR-031)
         lease = Lease(self.bus, "scheduler", self.settings.replica, ttl_s=10)
-        self._leader = asyncio.create_task(run_as_leader(lease, self.controller.run, stop=self.stopping))
+        self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
         log.info(
             "scheduler up",
             extra={"pricebook": catalog.pricebook_version, "offerings": len(catalog.offerings)},
         )
+
+    async def _lead(self) -> None:
+        """What only the leader runs: the controller, the binder and the node monitor (two binders would
+        place the same capacity twice). The cache and the report consumer run on every replica."""
+        await self.lifecycle.start()
+        try:
+            await self.controller.run()
+        finally:
+            await self.lifecycle.stop_leading()
 
     async def stop(self) -> None:
         await self.controller.stop()
         await self.reports.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await self._leader
+        await self.lifecycle.cache.stop()
