@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
-from nodus_schema.messages import StartAttempt
+from nodus_schema.messages import ObjectEvent, StartAttempt
 from nodus_testing.waiting import eventually
 
 pytestmark = pytest.mark.slow
@@ -24,8 +25,17 @@ async def phase(rig: Any, name: str, want: str, deadline_s: float = 15.0) -> Any
 
 async def test_indexes_each_succeed_once_within_parallelism(make_rig: Callable[..., Any]) -> None:
     async with make_rig(nodes=4) as rig:
+        events: list[ObjectEvent] = []
+
+        async def on_event(msg: Any) -> None:
+            events.append(msgspec.json.decode(msg.data, type=ObjectEvent))
+
+        await rig.nc.subscribe("nodus.events.t.>", cb=on_event)
         await rig.submit("idx", completions=10, parallelism=3)
         job = await phase(rig, "idx", "Succeeded")
+        await eventually(lambda: any(e.phase == "Succeeded" for e in events), message="no Succeeded event")
+        assert sum(e.reason == "Placed" for e in events) == 10  # one per run, on the Attempt
+        assert [e.phase for e in events if e.kind == "Job"][-1] == "Succeeded"
         st = job.status
         assert (st.succeeded, st.failed, st.completed_indexes, st.reason) == (10, 0, "0-9", "Completed")
         assert sorted(s.index for s in rig.fleet.started) == list(range(10))

@@ -1,9 +1,12 @@
 """Events on the bus: every transition of a Job or an Attempt, as Kubernetes Events say them.
 
 Subject ``nodus.events.<namespace>.<plural>.<name>`` on the NODUS_EVENTS stream, one :class:`ObjectEvent`
-each. Published at least once: the message id is the object's uid and the transition, so a reconcile
-that runs again after a crash publishes the same event again and the stream's duplicate window drops it.
-An event is news, not state: losing one (past the window, or a failed publish) loses no decision.
+each. The message id is the object's uid and the transition, so a reconcile that runs again after a
+crash publishes the same event again and the stream's duplicate window drops it.
+
+An event is news, not state: it is published without waiting for the stream's acknowledgement (a core
+publish the stream still stores), because a placement would otherwise wait for three writes instead of
+two. Losing one (the server restarting at that moment) loses no decision.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from nats.js import JetStreamContext
+import msgspec
+from nats.aio.client import Client as NATS
 
-from nodus_kit import messaging
+from nodus_kit import tracing
+from nodus_kit.messaging import MSG_ID
 from nodus_schema.messages import ObjectEvent
 from nodus_schema.meta import now_rfc3339
 
@@ -26,8 +31,11 @@ def event_subject(kind: str, namespace: str | None, name: str) -> str:
     return f"nodus.events.{namespace or '_'}.{PLURALS.get(kind, kind.lower() + 's')}.{name}"
 
 
+_encoder = msgspec.json.Encoder()
+
+
 async def publish_event(
-    js: JetStreamContext,
+    nc: NATS,
     obj: Any,
     reason: str,
     message: str,
@@ -49,12 +57,10 @@ async def publish_event(
         severity=severity,
         phase=phase,
     )
+    headers = tracing.inject({MSG_ID: f"event:{meta.uid}:{once or reason}"})
     try:
-        await messaging.publish(
-            js,
-            event_subject(obj.kind, meta.namespace, meta.name or ""),
-            event,
-            msg_id=f"event:{meta.uid}:{once or reason}",
+        await nc.publish(
+            event_subject(obj.kind, meta.namespace, meta.name or ""), _encoder.encode(event), headers=headers
         )
     except Exception as e:  # news, not state: a failed publish must not fail the reconcile
         log.warning("event not published: %s", e, extra={"object": meta.name, "reason": reason})

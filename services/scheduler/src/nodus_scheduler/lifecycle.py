@@ -143,6 +143,7 @@ def _ran_for(a: Attempt) -> float:
 
 class Lifecycle:
     def __init__(self, nc: NATS, catalog: Catalog) -> None:
+        self.nc = nc
         self.js = nc.jetstream()
         self.jobs = ObjectStore(nc, "jobs", Job)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
@@ -361,7 +362,7 @@ class Lifecycle:
         )
         if attempt.spec.attempt == 1 or previous is not None:
             await publish_event(
-                self.js,
+                self.nc,
                 attempt,
                 "Placed",
                 f"index {attempt.spec.index} run {attempt.spec.attempt} placed on {attempt.spec.node} "
@@ -403,7 +404,7 @@ class Lifecycle:
             marked = True
             await self._stop([a], "NodeLost")
             await publish_event(
-                self.js, lost, "NodeLost", f"node {a.spec.node} stopped heartbeating", severity="Warning"
+                self.nc, lost, "NodeLost", f"node {a.spec.node} stopped heartbeating", severity="Warning"
             )
         return marked
 
@@ -422,7 +423,7 @@ class Lifecycle:
         with contextlib.suppress(NotFound):
             await self.jobs.delete(job.metadata.namespace, job.metadata.name or "")
         await publish_event(
-            self.js, job, "Expired", f"deleted {ttl}s after it finished (ttlSecondsAfterFinished)"
+            self.nc, job, "Expired", f"deleted {ttl}s after it finished (ttlSecondsAfterFinished)"
         )
         return None
 
@@ -487,7 +488,7 @@ class Lifecycle:
         if (old.phase, old.reason) != (status.phase, status.reason):
             severity = "Warning" if status.phase == "Failed" or status.reason == "Unschedulable" else "Normal"
             await publish_event(
-                self.js,
+                self.nc,
                 job,
                 status.reason or status.phase or "",
                 status.message or "",
