@@ -20,9 +20,15 @@ class GPUDevice(Wire):
 
 class NodeSpec(Wire):
     offering: str
+    """The offering id of the price book this node is a node of (``h100-sxm-80g-x1-us``)."""
     region_class: str
     pool: str | None = None
+    """The BYOC Pool the node belongs to; only Jobs with that ``placement.pool`` run on it, and Jobs without
+    a pool run only on nodes without one."""
     unschedulable: bool | None = None
+    interruptible: bool | None = None
+    """True when the node is interruptible capacity (the provider may reclaim it): it is placed only for
+    Jobs whose ``placement.interruptible`` is Allow or Prefer, at the offering's interruptible rate."""
 
 
 class NodeStatus(Wire):

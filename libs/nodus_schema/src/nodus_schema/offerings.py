@@ -55,7 +55,15 @@ class OfferingSpec(Wire):
     """The on-demand rate of one whole node, USD per hour, as a decimal string ("31.92")."""
     pricebook_version: str
     interruptible: bool = False
+    """True: the offering sells interruptible capacity only, at rateUSDPerHour."""
+    interruptible_rate_usd_per_hour: str | None = msgspec.field(
+        default=None, name="interruptibleRateUSDPerHour"
+    )
+    """The rate of one whole node on interruptible capacity (the provider may reclaim it), USD per hour, as a
+    decimal string; absent when the offering sells no interruptible capacity."""
     host: OfferingHost | None = None
+    startup: catalog.StartupBands | None = None
+    """Cold and warm startup bands in seconds (low, high)."""
 
 
 class Offering(Wire):
@@ -97,6 +105,12 @@ def offering_object(offering: catalog.Offering, pricebook_version: str) -> Offer
         interruptible=offering.interruptible,
         host=OfferingHost(cpu=offering.host.cpu, memory=offering.host.memory, disk=offering.host.disk),
         rate_usd_per_hour=micros_to_usd(offering.rate_micros_per_hour),
+        interruptible_rate_usd_per_hour=(
+            None
+            if offering.interruptible_rate_micros_per_hour is None
+            else micros_to_usd(offering.interruptible_rate_micros_per_hour)
+        ),
+        startup=offering.startup,
         pricebook_version=pricebook_version,
     )
     labels = {

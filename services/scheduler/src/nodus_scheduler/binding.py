@@ -6,7 +6,7 @@ uid). A Job that cannot be placed does not hold the line: the next one may fit c
 (Kubernetes' scheduler does the same). A suspended Job leaves the line and comes back to its old place
 when resumed, since its place is its creation time.
 
-Binding one index is: choose a node from the cache's view, reserve it in memory, create the Attempt
+Binding one index is: choose a node from the capacity index, reserve it there, create the Attempt
 (compare-and-set on a deterministic name), then publish its assignment. A pass chooses up to
 :data:`BATCH` indexes before it writes, then writes their Attempts together and their assignments
 together: the choices are in memory (reserved nodes are busy for the next choice), the writes overlap.
@@ -56,9 +56,11 @@ class Choice:
     attempt: Attempt
 
 
-# choose(job, index, attempt_no, busy) -> the Attempt to create, or why no node fits
-Chooser = Callable[[Job, int, int, set[str]], "Choice | str"]
+# choose(job, index, attempt_no) -> the Attempt to create (its node now reserved), or why no node fits
+Chooser = Callable[[Job, int, int], "Choice | str"]
 Assigner = Callable[[Job, Attempt], Awaitable[None]]
+# release(node): a reserved node whose Attempt was not created is as busy as the store says again
+Releaser = Callable[[str], None]
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Binder:
     attempts: ObjectStore[Attempt]
     choose: Chooser
     assign: Assigner
+    release: Releaser = lambda node: None
     on_bound: Callable[[JobKey], None] = lambda key: None
     """Called for each Job that got runs (its status changes) or whose reason for waiting changed."""
     line: dict[JobKey, Demand] = field(default_factory=dict)
@@ -77,7 +80,6 @@ class Binder:
 
     def __post_init__(self) -> None:
         self._kick = asyncio.Event()
-        self._reserved: set[str] = set()
 
     # -- the line ------------------------------------------------------------------------------------
     def want(self, key: JobKey, demand: Demand) -> None:
@@ -117,20 +119,17 @@ class Binder:
             total += await self._write(chosen)
 
     def _choose_batch(self) -> list[tuple[JobKey, Job, Attempt]]:
-        busy = self.cache.busy() | self._reserved
         chosen: list[tuple[JobKey, Job, Attempt]] = []
         for key, demand in sorted(self.line.items(), key=lambda kv: kv[1].place_in_line):
             while demand.runs and len(chosen) < BATCH:
                 index, attempt_no = demand.runs[0]
-                choice = self.choose(demand.job, index, attempt_no, busy)
+                choice = self.choose(demand.job, index, attempt_no)  # reserves the node it chose
                 if isinstance(choice, str):
                     if self.unplaced.get(key) != choice:
                         self.unplaced[key] = choice
                         self.on_bound(key)
                     break  # this Job waits; the next in line may fit what is left
                 demand.runs.pop(0)
-                busy.add(choice.attempt.spec.node)
-                self._reserved.add(choice.attempt.spec.node)
                 chosen.append((key, demand.job, choice.attempt))
             if not demand.runs:
                 self.line.pop(key, None)
@@ -143,11 +142,12 @@ class Binder:
         created = await asyncio.gather(*(self._create(a) for _, _, a in chosen), return_exceptions=True)
         stored: list[tuple[JobKey, Job, Attempt]] = []
         for (key, job, attempt), result in zip(chosen, created, strict=True):
-            self._reserved.discard(attempt.spec.node)
             if isinstance(result, Attempt):
-                self.cache.apply(result)  # write-through: the next choice sees the node busy
+                self.cache.apply(result)  # write-through: the store's view now holds the node busy
                 stored.append((key, job, result))
-            elif not isinstance(result, AlreadyExists):
+                continue
+            self.release(attempt.spec.node)
+            if not isinstance(result, AlreadyExists):
                 log.error("could not create attempt %s: %s", attempt.metadata.name, result)
         await asyncio.gather(*(self.assign(job, a) for _, job, a in stored), return_exceptions=True)
         for key in {key for key, _, _ in stored}:

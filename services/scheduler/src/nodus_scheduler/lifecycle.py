@@ -48,8 +48,10 @@ from nodus_kit.errors import NotFound
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.binding import Binder, Choice, Demand
 from nodus_scheduler.caching import Cache, JobKey, job_key
+from nodus_scheduler.capacity import CapacityIndex
+from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.eventing import publish_event
-from nodus_scheduler.placing import HEARTBEAT_GRACE, NoPlacement, place, rate_ceiling_of
+from nodus_scheduler.placing import HEARTBEAT_GRACE, NoPlacement, place_in, rate_ceiling_of
 from nodus_schema.attempts import (
     ATTEMPT_TERMINAL,
     JOB_LABEL,
@@ -150,7 +152,17 @@ class Lifecycle:
         self.nodes = ObjectStore(nc, "nodes", Node)
         self.catalog = catalog
         self.cache = Cache(self.nodes, self.attempts)
-        self.binder = Binder(self.cache, self.attempts, self._choose, self._assign, on_bound=self._requeue)
+        # Free and busy nodes by offering group, kept in step with the cache (see _on_change): placement
+        # judges each group once instead of every node (capacity.py, ADR-0014).
+        self.capacity = CapacityIndex()
+        self.binder = Binder(
+            self.cache,
+            self.attempts,
+            self._choose,
+            self._assign,
+            release=self._release,
+            on_bound=self._requeue,
+        )
         self.requeue: Callable[[JobKey], None] = lambda key: None
         """Set by the service: put a Job in the controller's work queue."""
         self.cache.hooks.append(self._on_change)
@@ -190,9 +202,22 @@ class Lifecycle:
 
     def _on_change(self, kind: str, obj: Any) -> None:
         if kind == "Attempt":
+            self._release(obj.spec.node)
             self.requeue(job_key(obj))
+            return
+        name = obj.metadata.name or ""
+        if name in self.cache.nodes:
+            self.capacity.upsert(self.cache.nodes[name])
         else:
-            self.binder.kick()  # a node came, changed or went: waiting Jobs may fit now
+            self.capacity.remove(name)
+        self.binder.kick()  # a node came, changed or went: waiting Jobs may fit now
+
+    def _release(self, node: str) -> None:
+        """The node is as busy as the store says: busy while it has an unfinished Attempt."""
+        if self.cache.active_on[node] > 0:
+            self.capacity.mark_busy(node)
+        else:
+            self.capacity.mark_free(node)
 
     async def _monitor_nodes(self) -> None:
         """Nodes whose heartbeats stopped: their runs are reconciled (and marked Lost) without waiting for
@@ -281,12 +306,14 @@ class Lifecycle:
                 await self._assign(job, a)
 
     # -- placing (called by the binder) ----------------------------------------------------------------
-    def _choose(self, job: Job, index: int, attempt_no: int, busy: set[str]) -> Choice | str:
-        nodes = list(self.cache.nodes.values())
-        # A create bound to a dry-run's estimate is never placed above its rate + 10 % (ADR-031).
-        choice = place(job.spec, nodes, busy, self.catalog, ceiling_micros=rate_ceiling_of(job.metadata))
+    def _choose(self, job: Job, index: int, attempt_no: int) -> Choice | str:
+        # At the price book the Job was admitted under; a create bound to a dry-run's estimate is never
+        # placed above its rate + 10 % (ADR-031).
+        book = catalog_for(job, self.catalog)
+        choice = place_in(self.capacity, job.spec, book, ceiling_micros=rate_ceiling_of(job.metadata))
         if isinstance(choice, NoPlacement):
             return choice.message
+        self.capacity.mark_busy(choice.node.metadata.name or "")  # reserved until created or released
         meta, offering = job.metadata, choice.offering
         previous = self.cache.attempts.get(
             (meta.namespace or "", attempt_name(meta.name or "", meta.uid or "", index, attempt_no - 1))
@@ -314,8 +341,8 @@ class Lifecycle:
                     node=choice.node.metadata.name or "",
                     offering=offering.id,
                     region_class=offering.region_class,
-                    rate_micros_per_hour=offering.rate_micros_per_hour,
-                    pricebook_version=self.catalog.pricebook_version,
+                    rate_micros_per_hour=choice.rate_micros_per_hour,
+                    pricebook_version=choice.pricebook_version,
                     gpu_variant=offering.variant,
                 ),
                 status=AttemptStatus(
@@ -323,8 +350,8 @@ class Lifecycle:
                     placement=AttemptPlacement(
                         offering=offering.id,
                         region_class=offering.region_class,
-                        interruptible=False,
-                        explain=_explain(choice.node, len(nodes), len(busy), previous),
+                        interruptible=choice.interruptible,
+                        explain=_explain(choice.explain, previous),
                     ),
                 ),
             )
@@ -441,6 +468,7 @@ class Lifecycle:
             completed_indexes=compress(sorted(view.succeeded)) or None,
             observed_generation=job.metadata.generation,
         )
+        status = pin_pricebook(status, self.catalog)  # placed and priced at this version from now on
         if view.tries and not status.start_time:
             status = msgspec.structs.replace(status, start_time=format_time(now))
         status = _track_suspension(job, status, conditions, now)
@@ -501,9 +529,9 @@ class Lifecycle:
             if current.metadata.uid != job.metadata.uid:
                 return None  # deleted and created again since the read: that Job is another's to judge
             # Keep billing's field: the cost is billing's to write, never the scheduler's.
-            merged = msgspec.structs.replace(
-                status, cost=current.status.cost, estimate=current.status.estimate
-            )
+            # The estimate is the gateway's, but for the price book version pinned when it had none.
+            estimate = pin_pricebook(current.status, self.catalog).estimate
+            merged = msgspec.structs.replace(status, cost=current.status.cost, estimate=estimate)
             if merged == current.status:
                 return None
             return msgspec.structs.replace(current, status=merged)
@@ -704,8 +732,7 @@ def _previous_run(cache: Cache, attempt: Attempt) -> str | None:
     return name if prev is not None and prev.status.start_time else None
 
 
-def _explain(node: Node, total: int, busy: int, previous: Attempt | None) -> str:
-    why = f"{node.metadata.name}: cheapest fitting node of {total} ({busy} busy)"
+def _explain(why: str, previous: Attempt | None) -> str:
     if previous is not None:
         why += f"; replaces {previous.metadata.name} ({previous.status.reason or previous.status.phase})"
     return why

@@ -1,0 +1,278 @@
+"""The in-memory capacity index: every node, grouped by what placement can tell apart, kept up to date by
+small changes instead of relisting.
+
+A *group* is the nodes of one (offering, region class, pool, interruptible): everything the matching rules
+of the reference read is the same for all of them, so placement judges a request once per group (tens of
+groups) instead of once per node (thousands), and counts refusals from group sizes. Inside a group a node
+is in exactly one state:
+
+* **not ready**: its phase is not Ready, it is ``unschedulable``, or its last heartbeat is older than
+  :data:`HEARTBEAT_GRACE` (15 s);
+* **busy**: ready, with an unfinished Attempt on it (the scheduler marks it);
+* **free**: ready and not busy; these are kept in a heap by name, so the pick is deterministic (the
+  smallest name of the best group).
+
+Changes, each O(1) apart from one heap push when a node becomes free (O(log n), amortised):
+:meth:`CapacityIndex.upsert` (a node was added or its record changed: phase, heartbeat, offering, …),
+:meth:`CapacityIndex.remove`, :meth:`CapacityIndex.mark_busy`, :meth:`CapacityIndex.mark_free`, and
+:meth:`CapacityIndex.expire`, which turns nodes whose heartbeat has gone stale not ready (a heap of
+deadlines, so only the expired ones are touched). Busy is kept by node name, so marking a node busy before
+its record arrives (an Attempt listed before its node) works.
+
+The index knows nothing of prices or requests; :mod:`nodus_scheduler.placing` judges the groups against a
+price book version and picks the node.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from nodus_schema.meta import parse_time
+from nodus_schema.nodes import Node
+
+__all__ = ["HEARTBEAT_GRACE", "CapacityIndex", "Group", "GroupKey"]
+
+HEARTBEAT_GRACE: Final = timedelta(seconds=15)
+"""A node whose last heartbeat is older than this is not offered work (its agent may be gone)."""
+
+GroupKey = tuple[str, str, str | None, bool]
+"""(offering id, region class, pool, interruptible) of a node."""
+
+_NEVER: Final = float("-inf")
+
+
+class Group:
+    """The nodes of one (offering, region class, pool, interruptible), counted by state."""
+
+    __slots__ = (
+        "_free",
+        "_heap",
+        "_in_heap",
+        "busy",
+        "interruptible",
+        "key",
+        "not_ready",
+        "offering",
+        "pool",
+        "region_class",
+        "total",
+    )
+
+    def __init__(self, key: GroupKey) -> None:
+        self.key = key
+        self.offering, self.region_class, self.pool, self.interruptible = key
+        self.total = 0
+        self.not_ready = 0
+        self.busy = 0
+        self._free: set[str] = set()
+        self._heap: list[str] = []
+        self._in_heap: set[str] = set()
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def first_free(self) -> str | None:
+        """The smallest name among the free nodes (stale heap entries are dropped on the way)."""
+        heap, free = self._heap, self._free
+        while heap:
+            name = heap[0]
+            if name in free:
+                return name
+            heapq.heappop(heap)
+            self._in_heap.discard(name)
+        return None
+
+    def _add(self, name: str, ready: bool, busy: bool) -> None:
+        self.total += 1
+        if not ready:
+            self.not_ready += 1
+        elif busy:
+            self.busy += 1
+        else:
+            self._free.add(name)
+            if name not in self._in_heap:
+                self._in_heap.add(name)
+                heapq.heappush(self._heap, name)
+
+    def _drop(self, name: str, ready: bool, busy: bool) -> None:
+        self.total -= 1
+        if not ready:
+            self.not_ready -= 1
+        elif busy:
+            self.busy -= 1
+        else:
+            self._free.discard(name)  # its heap entry goes stale and is dropped when it reaches the top
+
+    def __repr__(self) -> str:
+        return (
+            f"Group({self.key}, total={self.total}, free={self.free}, busy={self.busy}, "
+            f"not_ready={self.not_ready})"
+        )
+
+
+class _Entry:
+    __slots__ = ("alive_until", "group", "node", "ready", "schedulable")
+
+    def __init__(self, node: Node, group: Group, schedulable: bool, alive_until: float, ready: bool) -> None:
+        self.node = node
+        self.group = group
+        self.schedulable = schedulable
+        self.alive_until = alive_until
+        self.ready = ready
+
+
+def key_of(node: Node) -> GroupKey:
+    spec = node.spec
+    return (spec.offering, spec.region_class, spec.pool or None, bool(spec.interruptible))
+
+
+def _alive_until(node: Node, grace_s: float) -> float:
+    beat = node.status.last_heartbeat_time
+    if not beat:
+        return _NEVER
+    try:
+        return parse_time(beat).timestamp() + grace_s
+    except ValueError:
+        return _NEVER
+
+
+def _ts(now: datetime | None) -> float:
+    return (now or datetime.now(UTC)).timestamp()
+
+
+class CapacityIndex:
+    """Every known node, grouped, with its state; see the module docstring."""
+
+    def __init__(self, *, grace: timedelta = HEARTBEAT_GRACE) -> None:
+        self._grace_s = grace.total_seconds()
+        self._entries: dict[str, _Entry] = {}
+        self._groups: dict[GroupKey, Group] = {}
+        self._busy: set[str] = set()
+        self._deadlines: list[tuple[float, str]] = []
+        self.generation = 0
+        """Bumped whenever a group is created: placement's cached judgements of the groups are then stale."""
+        self.plans: dict[Any, Any] = {}
+        """Placement's cache of judged requests (see placing.place_demand); cleared with a new generation."""
+
+    @classmethod
+    def of(
+        cls, nodes: Iterable[Node], busy: Iterable[str] = (), now: datetime | None = None
+    ) -> CapacityIndex:
+        """An index of ``nodes`` with the ``busy`` names marked, readiness judged at ``now``."""
+        index = cls()
+        index._busy.update(busy)
+        for node in nodes:
+            index.upsert(node, now)
+        return index
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def node(self, name: str) -> Node | None:
+        entry = self._entries.get(name)
+        return entry.node if entry is not None else None
+
+    def groups(self) -> Iterator[Group]:
+        return iter(self._groups.values())
+
+    def is_busy(self, name: str) -> bool:
+        return name in self._busy
+
+    def is_ready(self, name: str) -> bool:
+        entry = self._entries.get(name)
+        return entry is not None and entry.ready
+
+    # -- changes ---------------------------------------------------------------------------------------
+
+    def upsert(self, node: Node, now: datetime | None = None) -> None:
+        """Add ``node`` or take its new record (phase, heartbeat, offering, pool, …); readiness at ``now``."""
+        name = node.metadata.name or ""
+        spec = node.spec
+        schedulable = node.status.phase == "Ready" and not spec.unschedulable
+        alive_until = _alive_until(node, self._grace_s)
+        ready = schedulable and alive_until >= _ts(now)
+        group = self._group(key_of(node))
+        busy = name in self._busy
+        entry = self._entries.get(name)
+        if entry is None:
+            entry = _Entry(node, group, schedulable, alive_until, ready)
+            self._entries[name] = entry
+        else:
+            entry.group._drop(name, entry.ready, busy)
+            entry.node, entry.group, entry.schedulable, entry.ready = node, group, schedulable, ready
+            entry.alive_until = alive_until
+        group._add(name, ready, busy)
+        if ready:
+            heapq.heappush(self._deadlines, (alive_until, name))
+            if len(self._deadlines) > 4 * len(self._entries) + 1024:
+                self._compact()
+
+    def remove(self, name: str) -> None:
+        """Forget a node (its record was deleted). Its busy mark stays until :meth:`mark_free`."""
+        entry = self._entries.pop(name, None)
+        if entry is not None:
+            entry.group._drop(name, entry.ready, name in self._busy)
+
+    def mark_busy(self, name: str) -> None:
+        """An unfinished Attempt is on ``name`` (known or not yet)."""
+        if name in self._busy:
+            return
+        entry = self._entries.get(name)
+        if entry is not None:
+            entry.group._drop(name, entry.ready, False)
+            entry.group._add(name, entry.ready, True)
+        self._busy.add(name)
+
+    def mark_free(self, name: str) -> None:
+        """No unfinished Attempt is on ``name`` any more."""
+        if name not in self._busy:
+            return
+        self._busy.discard(name)
+        entry = self._entries.get(name)
+        if entry is not None:
+            entry.group._drop(name, entry.ready, True)
+            entry.group._add(name, entry.ready, False)
+
+    def set_busy(self, names: Iterable[str]) -> None:
+        """Make exactly ``names`` busy (a resync from the list of unfinished Attempts)."""
+        wanted = set(names)
+        for name in self._busy - wanted:
+            self.mark_free(name)
+        for name in wanted - self._busy:
+            self.mark_busy(name)
+
+    def expire(self, now: datetime | None = None) -> None:
+        """Nodes whose last heartbeat is older than the grace at ``now`` become not ready."""
+        limit = _ts(now)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] < limit:
+            until, name = heapq.heappop(deadlines)
+            entry = self._entries.get(name)
+            if entry is None or not entry.ready or entry.alive_until != until:
+                continue  # gone, already not ready, or heartbeating since (a later deadline is queued)
+            busy = name in self._busy
+            entry.group._drop(name, True, busy)
+            entry.ready = False
+            entry.group._add(name, False, busy)
+
+    def _compact(self) -> None:
+        """Drop superseded deadlines (heartbeats replace each other faster than they expire)."""
+        self._deadlines = [(e.alive_until, n) for n, e in self._entries.items() if e.ready]
+        heapq.heapify(self._deadlines)
+
+    def _group(self, key: GroupKey) -> Group:
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = Group(key)
+            self.generation += 1
+            self.plans.clear()
+        return group
