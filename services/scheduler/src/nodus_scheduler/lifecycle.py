@@ -206,11 +206,16 @@ class Lifecycle:
             self.requeue(job_key(obj))
             return
         name = obj.metadata.name or ""
+        before = self.capacity.node(name), self.capacity.is_ready(name)
         if name in self.cache.nodes:
             self.capacity.upsert(self.cache.nodes[name])
         else:
             self.capacity.remove(name)
-        self.binder.kick()  # a node came, changed or went: waiting Jobs may fit now
+        after = self.capacity.node(name), self.capacity.is_ready(name)
+        # A node came, went, or changed what it offers or whether it takes work: waiting Jobs may fit now.
+        # A heartbeat that changes nothing else (most Node writes) is no reason for a pass.
+        if before[1] != after[1] or before[0] is None or after[0] is None or before[0].spec != after[0].spec:
+            self.binder.kick()
 
     def _release(self, node: str) -> None:
         """The node is as busy as the store says: busy while it has an unfinished Attempt."""
