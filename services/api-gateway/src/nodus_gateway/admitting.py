@@ -13,6 +13,7 @@ stored value, and a value a user sends is dropped.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any, Final
 
 import msgspec
 
+from nodus_gateway import versions
 from nodus_gateway.estimating import COMPUTE_KINDS
 from nodus_gateway.resources import Resource
 from nodus_gateway.responding import ApiError, invalid
@@ -137,6 +139,7 @@ def admit_update(
                 )
             ],
         )
+    check_resource_version(res, name, rv)
     decoded = _decode(res, data, name, validation)
     _check_uid(res, decoded.value, old)
     new = res.default(_kept_from(decoded.value, old))
@@ -144,6 +147,18 @@ def admit_update(
     if errors:
         raise invalid(res, name, errors)
     return Admitted(_with_generation(new, old, res), _warnings(decoded, validation))
+
+
+def check_resource_version(res: Resource, name: str | None, rv: Any) -> None:
+    """A resourceVersion in an update's body is a compare-and-set on the stored revision: 422 if it is a
+    string this server never issued (versions.py), before it reaches the store. Other types are left to
+    decoding, which names the type."""
+    if isinstance(rv, str) and rv and versions.parse_resource_version(rv) is None:
+        message = (
+            f"Invalid value: {json.dumps(rv)}: must be the resourceVersion of the object as it was read "
+            "(a decimal revision this server issued)"
+        )
+        raise invalid(res, name, [FieldError("metadata.resourceVersion", CauseType.INVALID, message)])
 
 
 def update_errors(res: Resource, old: Any, new: Any) -> list[FieldError]:

@@ -37,8 +37,8 @@ CATEGORIES: Final = ("all", "nodus")
 VERB_ORDER: Final = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
 # Which verb each HTTP method is, on a collection and on one object.
-_COLLECTION_VERBS: Final = {"GET": "list", "POST": "create", "DELETE": "deletecollection"}
-_ITEM_VERBS: Final = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+COLLECTION_VERBS: Final = {"GET": "list", "POST": "create", "DELETE": "deletecollection"}
+ITEM_VERBS: Final = {"GET": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 _PARAM: Final = re.compile(r"\{[^}]*\}")
 # A DNS-1123 label: what a namespace (project) name must be.
 _LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -172,7 +172,7 @@ def classify(path: str, known: dict[str, Resource] | None = None) -> ResourceRou
 def _verbs(methods: Iterable[str], shape: ResourceRoute) -> set[str]:
     if shape.watch:
         return {"watch"}
-    table = _ITEM_VERBS if shape.item else _COLLECTION_VERBS
+    table = ITEM_VERBS if shape.item else COLLECTION_VERBS
     return {table[m] for m in methods if m in table}
 
 

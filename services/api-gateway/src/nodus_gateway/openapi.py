@@ -41,6 +41,7 @@ from nodus_gateway.resources import RESOURCES, Resource
 from nodus_gateway.responding import ApiError, object_response
 from nodus_gateway.system import VERSION
 from nodus_schema import API_GROUP, Status, Table, list_kind
+from nodus_schema.access import Project, ProjectList, Token, TokenList
 
 Schema = dict[str, Any]
 Ref = Callable[[str], Schema]
@@ -83,12 +84,23 @@ PARAMETER_DOCS: Final = {
 # ---------------------------------------------------------------------------------------------------------
 
 
+# The admin endpoints (admin.py): cluster-scoped kinds of nodus.dev/v1 with routes of their own, outside
+# the resource table, by the segment of their path; each is (object type, list type).
+ADMIN_KINDS: Final[dict[str, tuple[type[Any], type[Any]]]] = {
+    "projects": (Project, ProjectList),
+    "tokens": (Token, TokenList),
+}
+
+
 def _typed() -> list[tuple[type[Any], tuple[str, str, str]]]:
     """Every type a response or request body can be, with the group, version and kind it stands for."""
     out: list[tuple[type[Any], tuple[str, str, str]]] = []
     for res in RESOURCES:
         out.append((res.object_type, (API_GROUP, discovery.VERSION, res.kind)))
         out.append((res.list_type, (API_GROUP, discovery.VERSION, list_kind(res.kind))))
+    for obj, lst in ADMIN_KINDS.values():
+        out.append((obj, (API_GROUP, discovery.VERSION, obj.__name__)))
+        out.append((lst, (API_GROUP, discovery.VERSION, lst.__name__)))
     out.append((Status, ("", "v1", "Status")))
     out.append((Table, ("meta.k8s.io", "v1", "Table")))
     for t in discovery.DISCOVERY_TYPES:
@@ -406,8 +418,9 @@ def _operation_id(name: str, method: str, path: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _plain_operation(route: Any, path: str, method: str, ref: Ref, public: bool) -> Operation:
-    """A route outside the resource API: discovery, version, health, OpenAPI, and whatever else is served."""
+def _plain_operation(route: Any, path: str, method: str, c: Components, ref: Ref, public: bool) -> Operation:
+    """A route outside the resource API: discovery, version, health, OpenAPI, the admin endpoints, and
+    whatever else is served."""
     known: dict[str, dict[str, Schema]] = {
         "/healthz": {"text/plain": {"type": "string"}},
         "/livez": {"text/plain": {"type": "string"}},
@@ -424,6 +437,15 @@ def _plain_operation(route: Any, path: str, method: str, ref: Ref, public: bool)
         "/openapi/v3/{key}": {JSON: {"type": "object"}},
     }
     code = str(getattr(route, "status_code", None) or 200)
+    reply = known.get(path, {JSON: {}})
+    body: Body | None = None
+    admin = _admin_kind(path)
+    if admin is not None:
+        (obj, lst), item = admin
+        listed = method == "GET" and not item
+        reply = {JSON: ref(c.names[lst if listed else obj])}
+        if method == "POST":
+            body = Body(ref(c.names[obj]), (JSON, YAML))
     return Operation(
         path=path,
         method=method,
@@ -431,9 +453,21 @@ def _plain_operation(route: Any, path: str, method: str, ref: Ref, public: bool)
         description=(getattr(route, "description", "") or route.name or "").strip(),
         tags=[str(t) for t in getattr(route, "tags", []) or []],
         params=_path_params(path) + _query_params(route),
-        replies={code: known.get(path, {JSON: {}}), **_errors(public, ref)},
+        replies={code: reply, **_errors(public, ref)},
+        body=body,
         public=public,
     )
+
+
+def _admin_kind(path: str) -> tuple[tuple[type[Any], type[Any]], bool] | None:
+    """The kind an admin path serves (``/apis/nodus.dev/v1/projects[/{name}]``), and whether it is one
+    object's path; None for any other path."""
+    if not path.startswith(API_PREFIX + "/"):
+        return None
+    segments = path[len(API_PREFIX) + 1 :].split("/")
+    if segments[0] not in ADMIN_KINDS or segments[1:] not in ([], ["{name}"]):
+        return None
+    return ADMIN_KINDS[segments[0]], len(segments) == 2
 
 
 _ACTIONS: Final = {
@@ -462,10 +496,13 @@ def _resource_operation(
     declared = {p.name for p in params}
     replies = _resource_replies(shape, method, res, obj, lst, ref)
     body: Body | None = None
-    if method in ("POST", "PUT"):
+    if _refused(res, shape, method):
+        # Served only to say so: 405 with who writes the resource, whatever the body.
+        replies = {"405": {JSON: ref("Status")}, **_errors(False, ref)}
+    elif method in ("POST", "PUT"):
         body = Body(obj, (JSON, YAML))
     elif method == "PATCH":
-        body = Body(ref("Patch"), PATCH_TYPES)
+        body = Body(ref("Patch"), _patch_types(res))
     elif method == "DELETE" and shape.item:
         body = Body(ref("DeleteOptions"), (JSON,), required=False)
     extra = []
@@ -497,6 +534,25 @@ def _resource_operation(
             "x-nodus-response-kind": kind,
         },
     )
+
+
+def _refused(res: Resource, shape: ResourceRoute, method: str) -> bool:
+    """Whether the route answers this method with 405 whatever is sent: a write of a read-only resource
+    (attempts, nodes and offerings are written by Nodus' services), a write of a status subresource (the
+    controllers' alone, ADR-0012), or a verb the resource's row does not list."""
+    if shape.watch:
+        return "watch" not in res.verbs
+    if shape.subresource == "status":
+        return method != "GET"
+    verb = (discovery.ITEM_VERBS if shape.item else discovery.COLLECTION_VERBS).get(method)
+    return verb is None or verb not in res.verbs
+
+
+def _patch_types(res: Resource) -> tuple[str, ...]:
+    # Secrets take merge and JSON patches only (secreting.py); the generic routes take all three.
+    if res.served_by == "secreting":
+        return tuple(t for t in PATCH_TYPES if t != "application/apply-patch+yaml")
+    return PATCH_TYPES
 
 
 def _all_namespaces(res: Resource, shape: ResourceRoute) -> bool:
@@ -543,7 +599,7 @@ def operations(app: FastAPI, c: Components, ref: Ref) -> list[Operation]:
             if shape is not None:
                 op = _resource_operation(route, path, method, shape, c, ref)
             else:
-                op = _plain_operation(route, path, method, ref, path.rstrip("/") in public)
+                op = _plain_operation(route, path, method, c, ref, path.rstrip("/") in public)
             op.operation_id = _unique(op.operation_id, seen)
             out.append(op)
     return out
@@ -608,6 +664,7 @@ def _describe(code: str) -> str:
         "201": "Created",
         "202": "Accepted",
         "401": "Unauthorized (a Status)",
+        "405": "MethodNotAllowed (a Status): this is not written through the API",
         "default": "An error, always a Status",
     }.get(code, "")
 

@@ -32,7 +32,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from nodus_gateway import bodies, patching
-from nodus_gateway.admitting import admit_create
+from nodus_gateway.admitting import admit_create, check_resource_version
 from nodus_gateway.authorizing import authorize, principal_of
 from nodus_gateway.clusterrouting import check_name, check_namespace, list_response, no_watch, truthy
 from nodus_gateway.resources import Resource, Stores, resource
@@ -120,6 +120,7 @@ def admit_secret_update(res: Resource, data: Any, old: Secret) -> Secret:
                 fix="A name cannot change: create a Secret with the new name, then delete the old one.",
             )
         rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        check_resource_version(res, name, rv)
         data = _kept_values({**data, "metadata": {**(meta or {}), "name": name}}, old)
     else:
         rv = None

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from nodus_gateway import versions
 from nodus_gateway.responding import JSON, ApiError, bus_unavailable
 from nodus_gateway.selecting import FieldSelector
 from nodus_kit import errors as kit
@@ -72,17 +73,19 @@ class WatchRequest:
 
 
 def parse_resource_version(value: str | None) -> int | None:
-    """A watch's resourceVersion: absent and "0" both mean "from the current state" (None)."""
+    """A watch's resourceVersion: absent and "0" both mean "from the current state" (None); a value this
+    server never issued (versions.py) is a 400."""
     if value is None or value in ("", "0"):
         return None
-    if not value.isdigit():
+    revision = versions.parse_resource_version(value)
+    if revision is None:
         raise ApiError.of(
             "BadRequest",
             f'resourceVersion "{value}" is not one this server issued: it is an opaque value, copy it '
             "from a list or an object",
             fix="Watch without a resourceVersion, or from metadata.resourceVersion of a list.",
         )
-    return int(value)
+    return revision
 
 
 async def watch_response(request: Request, wr: WatchRequest) -> Response:
