@@ -29,7 +29,7 @@ async def test_publish_dedups_on_msg_id(nc: NATS, unique: str) -> None:
 
 
 async def _consume(
-    nc: NATS, unique: str, handler: messaging.Handler[Ping], *, max_deliver: int = 3
+    nc: NATS, unique: str, handler: messaging.Handler[Ping], *, max_deliver: int = 3, concurrent: bool = False
 ) -> Consumer[Ping]:
     return await Consumer(
         nc.jetstream(),
@@ -39,6 +39,7 @@ async def _consume(
         typ=Ping,
         handler=handler,
         max_deliver=max_deliver,
+        concurrent=concurrent,
     ).start()
 
 
@@ -77,6 +78,27 @@ async def test_consumer_acks_and_carries_request_id(nc: NATS, unique: str) -> No
     await eventually(lambda: seen, message="the handler never ran")
     await c.stop()
     assert seen[0].data == Ping("j", 2) and seen[0].attempt == 1 and seen[0].request_id == "req-123"
+
+
+async def test_a_concurrent_consumer_handles_a_batch_side_by_side(nc: NATS, unique: str) -> None:
+    """The first message's handler waits for the second's: one after another, it would wait for ever."""
+    second_seen = asyncio.Event()
+    done: list[int] = []
+
+    async def handler(d: Delivery[Ping]) -> None:
+        if d.data.attempt_no == 1:
+            await asyncio.wait_for(second_seen.wait(), timeout=5)  # the behaviour under test
+        else:
+            second_seen.set()
+        done.append(d.data.attempt_no)
+
+    js = nc.jetstream()
+    for n in (1, 2):  # published before the consumer starts: one fetch takes both
+        await messaging.publish(js, f"nodus.events.{unique}.x", Ping("j", n), msg_id=f"{unique}-{n}")
+    c = await _consume(nc, unique, handler, concurrent=True)
+    await eventually(lambda: sorted(done) == [1, 2], message=f"handled {done}")
+    await c.stop()
+    assert done == [2, 1]
 
 
 async def test_temporary_error_is_retried_then_succeeds(nc: NATS, unique: str) -> None:

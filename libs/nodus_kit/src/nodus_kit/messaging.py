@@ -91,8 +91,13 @@ class Consumer(Generic[T]):
         max_deliver: int = 8,
         batch: int = 32,
         ack_wait_s: float = 30.0,
+        concurrent: bool = False,
     ) -> None:
+        """``concurrent``: handle the messages of a batch side by side rather than one after another, for
+        handlers whose messages do not depend on each other's order (each is idempotent and its writes
+        compare-and-set, as the scheduler's report handler is)."""
         self.js, self.stream, self.durable, self.subject = js, stream, durable, subject
+        self.concurrent = concurrent
         self.decoder = msgspec.json.Decoder(typ)
         self.handler = handler
         self.max_deliver, self.batch, self.ack_wait_s = max_deliver, batch, ack_wait_s
@@ -127,8 +132,11 @@ class Consumer(Generic[T]):
                 log.warning("fetch failed: %s", e, extra={"consumer": self.durable})
                 await asyncio.sleep(0.5)
                 continue
-            for msg in msgs:
-                await self._handle(msg)
+            if self.concurrent:
+                await asyncio.gather(*(self._handle(msg) for msg in msgs))
+            else:
+                for msg in msgs:
+                    await self._handle(msg)
 
     async def _handle(self, msg: Msg) -> None:
         attempt = int(msg.metadata.num_delivered)

@@ -7,6 +7,7 @@ Timestamps are RFC 3339 strings on the wire (``"2026-11-30T05:00:00Z"``) and sta
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from datetime import UTC, datetime
@@ -45,6 +46,7 @@ T = TypeVar("T")
 # ---------------------------------------------------------------------------------------------------------
 
 # RFC 3339 date-time, strictly: fromisoformat alone would also take "2026-11-30" or a space separator.
+_NANOS = re.compile(r"\.([0-9]{6})[0-9]+")
 _RFC3339 = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:[Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
@@ -70,11 +72,21 @@ _last_stamp: list[Any] = [None, ""]
 
 def parse_time(text: str) -> datetime:
     """Parse an RFC 3339 timestamp into an aware UTC datetime; raises ValueError with a human message."""
-    if not isinstance(text, str) or _RFC3339.fullmatch(text) is None:
+    if not isinstance(text, str):
+        raise ValueError(f'time {text!r} is not an RFC 3339 timestamp such as "2026-11-30T05:00:00Z"')
+    return _parse_time(text)
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_time(text: str) -> datetime:
+    # Cached: controllers compare the same few timestamps (heartbeats, creation times; whole seconds)
+    # on every pass over every object; a datetime is immutable, so sharing one is safe. Errors are not
+    # cached (lru_cache keeps results only).
+    if _RFC3339.fullmatch(text) is None:
         raise ValueError(f'time {text!r} is not an RFC 3339 timestamp such as "2026-11-30T05:00:00Z"')
     norm = text.upper().replace("Z", "+00:00")
     # Python keeps microseconds: cut nanosecond fractions down (truncation, as Go's MicroTime would).
-    norm = re.sub(r"\.([0-9]{6})[0-9]+", r".\1", norm)
+    norm = _NANOS.sub(r".\1", norm)
     try:
         return datetime.fromisoformat(norm).astimezone(UTC)
     except ValueError as e:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import msgspec
 
-from nodus_kit.errors import NotFound
+from nodus_kit.errors import Conflict, NotFound
 from nodus_kit.messaging import Delivery
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.caching import Cache
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.messages import AttemptFinished, AttemptProgress, AttemptStarted, Report
 
@@ -21,15 +22,36 @@ FINISH_PHASE = {
 
 
 class Reports:
-    def __init__(self, attempts: ObjectStore[Attempt]) -> None:
+    """``cache``: the scheduler's view of the Attempts (caching.Cache). A report is applied to the cached
+    Attempt and written with compare-and-set on its revision: one write instead of a read and a write.
+    A stale view loses the compare-and-set and the report is applied again to a fresh read."""
+
+    def __init__(self, attempts: ObjectStore[Attempt], cache: Cache | None = None) -> None:
         self.attempts = attempts
+        self.cache = cache
 
     async def handle(self, delivery: Delivery[Report]) -> None:
         report = delivery.data
+        cached = self.cache.attempts.get((report.namespace, report.attempt)) if self.cache else None
+        if cached is not None:
+            changed = apply(cached, report)
+            if changed is None:
+                return  # already recorded (a redelivery, or a late report after the finish)
+            try:
+                self._seen(await self.attempts.update(changed))
+                return
+            except (Conflict, NotFound):
+                pass  # someone wrote first (or it was deleted): read it fresh below
         try:
-            await self.attempts.mutate(report.namespace, report.attempt, lambda a: apply(a, report))
+            self._seen(
+                await self.attempts.mutate(report.namespace, report.attempt, lambda a: apply(a, report))
+            )
         except NotFound:
             return  # the Job (and its Attempts) were deleted meanwhile: nothing to record
+
+    def _seen(self, written: Attempt) -> None:
+        if self.cache is not None:
+            self.cache.apply(written)
 
 
 def apply(a: Attempt, report: Report) -> Attempt | None:

@@ -18,6 +18,7 @@ from nodus_scheduler.reporting import Reports
 from nodus_schema.messages import Report
 
 log = logging.getLogger(__name__)
+COALESCE_S = 0.05
 
 
 class SchedulerService(Service):
@@ -37,7 +38,10 @@ class SchedulerService(Service):
             workers=4,
             resync_s=float(self.settings.env.get("NODUS_RESYNC_S", "30")),
         )
-        life.requeue = lambda key: self.controller.queue.add(key)
+        # Changes of Attempts and Nodes come in bursts (a report per run start and finish, a placement per
+        # index): each puts its Job in the queue at most once per COALESCE_S, so a Job of 1,000 indexes is
+        # reconciled a few times a second, not once per change. A Job's own changes are not delayed.
+        life.requeue = lambda key: self.controller.queue.add_after(key, COALESCE_S)
         await life.cache.start()
         self.reports = Consumer(
             self.bus.jetstream(),
@@ -45,7 +49,9 @@ class SchedulerService(Service):
             durable="scheduler",
             subject="nodus.report.>",
             typ=Report,  # type: ignore[arg-type]
-            handler=Reports(life.attempts).handle,
+            handler=Reports(life.attempts, life.cache).handle,
+            batch=128,
+            concurrent=True,  # reports are idempotent, their writes compare-and-set (reporting.py)
         )
         await self.reports.start()
         self.estimates = await serve_estimates(self.bus, catalog)  # nodus.rpc.scheduler.estimate (ADR-031)
