@@ -8,10 +8,15 @@ import platform
 import time
 from pathlib import Path
 
-from bench import gateway_bench, placing_bench, store_bench
+from bench import gateway_bench, placing_bench, scheduler_bench, store_bench
 from bench.running import Result, render
 
-BENCHMARKS = {"store": store_bench.run, "gateway": gateway_bench.run, "placing": placing_bench.run}
+BENCHMARKS = {
+    "store": store_bench.run,
+    "gateway": gateway_bench.run,
+    "placing": placing_bench.run,
+    "scheduler": scheduler_bench.run,
+}
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARK = "<!-- results:{name} -->"
 

@@ -138,8 +138,6 @@ async def run(n: int) -> list[Result]:
             tmp / "fleet.log",
         )
         scheduler = _spawn(["-m", "nodus_scheduler"], env, tmp / "scheduler.log")
-        if os.environ.get("SPY"):
-            subprocess.Popen(["/tmp/pyspy/bin/py-spy", "record", "-p", str(scheduler.pid), "-d", "40", "-r", "200", "-f", "raw", "-o", "/tmp/spy3.txt"], env={**os.environ, "PYTHONPATH": "/tmp/pyspy"})
         try:
             nodes = ObjectStore(nc, "nodes", Node)
             deadline = time.monotonic() + 60
