@@ -4,9 +4,10 @@ and billing's quote: holds, caps and the warnings it adds to the scheduler's est
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 from nodus_billing.quoting import quote
-from nodus_schema.costs import DurationBand, Estimate
+from nodus_schema.costs import DurationBand, Estimate, EstimateWarning
 from nodus_schema.estimating import (
     EstimateReply,
     EstimateRequest,
@@ -135,3 +136,43 @@ def test_a_template_cap_is_checked_per_cell() -> None:
     assert (reason.message or "").startswith(
         "spec.template.spec.maxCostUSD 1.00 is below the first hold 2.99"
     )
+
+
+def test_a_gang_cap_below_its_assembly_bound_warns() -> None:
+    gang = slot(23_920_000, nodes=2, assembly_timeout="15m0s", assembly_tries=3)
+    e = _quote(JobSpec(max_cost_usd="200.00"), [gang])  # hold 47.84 and cost p90 151.49 fit; 35.88 too
+    assert [w.code for w in e.warnings] == ["BalanceNotChecked"]
+    e = _quote(JobSpec(max_cost_usd="30.00"), [slot(23_920_000, "30m", nodes=2, assembly_timeout="15m0s")])
+    # hold: 2 × min(45m + 5m, 1h) = 39.866668 > 30: blocked, so no warnings about the cap.
+    assert [r.code for r in e.blocking_reasons] == ["MaxCostReached"]
+    e = _quote(JobSpec(max_cost_usd="30.00"), [slot(23_920_000, "10m", nodes=2, assembly_timeout="15m0s")])
+    # hold: 2 × (15m + 5m) = 15.946668 fits; the assembly bound 15m × 2 × 3 = 35.88 does not.
+    codes = [w.code for w in e.warnings]
+    assert "MaxCostBelowAssemblyBound" in codes and codes[-1] == "BalanceNotChecked"
+    (note,) = [w for w in e.warnings if w.code == "MaxCostBelowAssemblyBound"]
+    assert note.message == (
+        "spec.maxCostUSD 30.00 is below the assembly bound 35.88: gangs that keep failing to assemble may "
+        "reach it before the Job fails"
+    )
+
+
+def test_the_quote_keeps_the_schedulers_notes_and_prices_an_interruptible_rate() -> None:
+    request = EstimateRequest(namespace="p", kind="Job", job_spec=JobSpec())
+    scheduled = EstimateReply(
+        estimate=Estimate(
+            rate_usd_per_hour="1.495",
+            warnings=[EstimateWarning(code="InterruptibleSelected", message="reclaimable")],
+        ),
+        slots=[slot(1_495_000, interruptible=True)],
+    )
+    e = quote(QuoteRequest(request=request, scheduled=scheduled)).estimate
+    assert [w.code for w in e.warnings] == ["InterruptibleSelected", "BalanceNotChecked"]
+    assert e.cost_usd is not None and e.cost_usd.p50 == "3.039834"  # 2h (2.99) + 2m (0.049834)
+    assert (e.hold_usd, e.minimum_charge_usd) == ("1.495", "0.000416")
+
+
+def test_money_is_decimal_text_never_a_float() -> None:
+    e = _quote(JobSpec(), [slot(H100_SXM_US, completions=3)])
+    amounts = [e.hold_usd, e.concurrent_hold_usd, e.minimum_charge_usd]
+    amounts += [e.cost_usd.p50, e.cost_usd.p90] if e.cost_usd else []
+    assert all(isinstance(a, str) and Decimal(a) == Decimal(a).quantize(Decimal("0.000001")) for a in amounts)

@@ -118,9 +118,15 @@ async def test_a_dry_run_of_a_sweep_prices_its_cells(
     resp = await api.post(sweeps(unique), json=sweep_body("lr"), params=DRY)
     assert resp.status_code == 201, resp.text
     e = resp.json()["status"]["estimate"]
-    assert e["rateUSDPerHour"] == "2.49"  # the highest node rate of the groups: H100 PCIe in us
-    assert e["placementPreview"]["explain"].count(":") >= 2  # every group is explained
-    assert resp.headers["etag"].startswith('"e1:2490000:')
+    # The highest node rate of the groups: H100:1 takes H100 SXM in us under the default Balanced profile
+    # (ADR-0014: the lowest rate per TFLOPS, 2.99/989), not the cheapest H100 (PCIe, 2.49/756).
+    assert e["rateUSDPerHour"] == "2.99"
+    assert e["placementPreview"]["offering"] == "h100-sxm-80g-x1-us"
+    explain = e["placementPreview"]["explain"]
+    assert explain.startswith("H100:1: h100-sxm-80g-x1-us") and "; L4:1: l4-x1-us" in explain  # every group
+    assert resp.headers["etag"].startswith('"e1:2990000:')
+    # Two cells of each group at once (maxParallel 2), each held min(p90 45m + boot 5m, 1h): the two H100s.
+    assert (e["holdUSD"], e["concurrentHoldUSD"]) == ("2.491667", "4.983334")
     failure(await api.get(sweeps(unique, "lr")), 404, "NotFound")
 
 
@@ -146,6 +152,61 @@ async def test_a_cap_below_the_first_hold_refuses_the_create(
         await api.post(jobs(unique), json=job_body("capped", maxCostUSD="1.00")), 403, "MaxCostReached"
     )
     assert body["message"].startswith("spec.maxCostUSD 1.00 is below the first hold 2.99")
+
+
+async def test_a_dry_run_answers_every_field_of_the_estimate(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    """A 10-minute H100 SXM Job, three indexes two at a time, on interruptible capacity if it pays."""
+    spec = {
+        "expectedDuration": "10m",
+        "completions": 3,
+        "parallelism": 2,
+        "maxCostUSD": "1.00",
+        "placement": {"regions": ["us"], "interruptible": "Allow"},
+    }
+    resp = await api.post(jobs(unique), json=job_body("short", **spec), params=DRY)
+    assert resp.status_code == 201, resp.text
+    e = resp.json()["status"]["estimate"]
+    assert (e["rateUSDPerHour"], e["pricebookVersion"]) == ("1.495", PRICEBOOK)  # the interruptible rate
+    assert e["placementPreview"] == {
+        "explain": e["placementPreview"]["explain"],
+        "interruptible": True,
+        "offering": "h100-sxm-80g-x1-us",
+        "regionClass": "us",
+        "warmReuse": False,
+    }
+    assert "profile Balanced, interruptible Allow" in e["placementPreview"]["explain"]
+    assert e["startup"] == {"cold": {"p50": "2m0s", "p90": "5m0s"}, "warm": {"p50": "10s", "p90": "30s"}}
+    # Per index at 1.495 $/h: 10m is 0.249167 and the 2m boot 0.049834; p90 15m 0.37375, 5m 0.124584.
+    assert e["costUSD"] == {"p50": "0.897003", "p90": "1.495002"}
+    assert e["overheadUSD"] == {"p50": "0.149502", "p90": "0.373752"}
+    assert (e["holdUSD"], e["concurrentHoldUSD"], e["minimumChargeUSD"]) == (
+        "0.498334",
+        "0.996668",
+        "0.000416",
+    )
+    assert "gangHoldUSD" not in e and "assemblyBoundUSD" not in e and "blockingReasons" not in e
+    assert [w["code"] for w in e["warnings"]] == [
+        "Queued",
+        "ColdStart",
+        "InterruptibleSelected",
+        "MaxCostBelowEstimate",
+        "BalanceNotChecked",
+    ]
+    assert all(w["message"] for w in e["warnings"])
+
+
+async def test_a_dry_run_without_a_duration_or_history_says_what_it_assumed(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    body = job_body("guess")
+    del body["spec"]["expectedDuration"]
+    e = (await api.post(jobs(unique), json=body, params=DRY)).json()["status"]["estimate"]
+    notes = {w["code"]: w["message"] for w in e["warnings"]}
+    assert notes["NoHistory"].startswith("no run history for the Job: ")  # none in this namespace
+    assert "default 1h0m0s per index (p90 1h30m0s)" in notes["DefaultDuration"]
+    assert e["costUSD"]["p50"] == "3.089667"  # 1h at 2.99 + the 2m boot
 
 
 # -- create ----------------------------------------------------------------------------------------
@@ -235,12 +296,14 @@ async def test_a_sweep_binds_and_its_cells_inherit_the_ceiling(
     etag = (await api.post(sweeps(unique), json=sweep_body("lr"), params=DRY)).headers["etag"]
     resp = await api.post(sweeps(unique), json=sweep_body("lr"), headers={"If-Match": etag})
     assert resp.status_code == 201, resp.text
-    assert resp.json()["metadata"]["annotations"] == {RATE_CEILING_ANNOTATION: "2739000"}  # 2.49 + 10 %
-    assert resp.json()["status"]["estimate"]["rateUSDPerHour"] == "2.49"
-    # The sweep controller copies it onto every cell Job it creates.
+    assert resp.json()["metadata"]["annotations"] == {RATE_CEILING_ANNOTATION: "3289000"}  # 2.99 + 10 %
+    assert resp.json()["status"]["estimate"]["rateUSDPerHour"] == "2.99"
+    # The sweep controller copies it onto every cell Job it creates, with the Sweep's price book version.
     sweep = msgspec.convert(resp.json(), Sweep)
     cells = [_bound(sweep, default_job(cell_job(sweep, c))) for c in expand(sweep)]
-    assert {c.metadata.annotations.get(RATE_CEILING_ANNOTATION) for c in cells} == {"2739000"}
+    assert {c.metadata.annotations.get(RATE_CEILING_ANNOTATION) for c in cells} == {"3289000"}
+    assert {c.status.estimate.pricebook_version for c in cells if c.status.estimate} == {PRICEBOOK}
+    assert all(c.status.estimate is not None for c in cells)
     # An unbound Sweep's cells carry none.
     unbound = Sweep(metadata=ObjectMeta(name="x", namespace=unique), spec=sweep.spec)
     plain = default_job(cell_job(unbound, expand(unbound)[0]))

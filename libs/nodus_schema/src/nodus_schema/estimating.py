@@ -14,13 +14,14 @@ ledger would charge for the same times. No float anywhere.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
 import msgspec
 
-from nodus_schema.catalog import Offering
+from nodus_schema.catalog import Offering, startup_estimate
 from nodus_schema.costs import DurationBand, Estimate, StartupEstimate, USDBand
 from nodus_schema.jobs import JobSpec
 from nodus_schema.ledger import charge_micros
@@ -46,6 +47,7 @@ __all__ = [
     "ESTIMATE_SUBJECT",
     "ESTIMATE_VALIDITY",
     "FUNDING_PERIOD",
+    "HISTORY_MIN_SAMPLES",
     "QUOTE_SUBJECT",
     "RATE_CEILING_ANNOTATION",
     "RATE_TOLERANCE_PERCENT",
@@ -61,10 +63,12 @@ __all__ = [
     "charge_for",
     "duration_band",
     "estimate_etag",
+    "history_band",
     "member_hold_micros",
     "minimum_charge_micros",
     "p90_of",
     "parse_estimate_etag",
+    "percentile",
     "price",
     "rate_ceiling_micros",
     "run_cost_micros",
@@ -90,6 +94,9 @@ P90_DENOMINATOR: Final = 2
 """p90 = 1.5 × p50. A declared duration is a median at best (people quote the run that went well); half
 again covers the usual tail (slow data loading, a retry, a cold cache) without per-user history. When run
 history exists it replaces this factor; the rule stays the fallback."""
+HISTORY_MIN_SAMPLES: Final = 3
+"""Run history replaces the default only with at least this many finished runs: with fewer, the median and
+the 90th percentile would be one run's time each."""
 DEFAULT_COLD_STARTUP: Final = (timedelta(minutes=2), timedelta(minutes=5))
 """Cold start (p50, p90) when the offering has no startup bands: image pull and container start."""
 DEFAULT_WARM_STARTUP: Final = (timedelta(seconds=10), timedelta(seconds=30))
@@ -127,6 +134,10 @@ class EstimateRequest(Wire):
     """Job or Sweep; the matching spec field is set."""
     job_spec: JobSpec | None = None
     sweep_spec: SweepSpec | None = None
+    pricebook_version: str | None = None
+    """Price at this price book version: the one an existing object was admitted under
+    (``status.estimate.pricebookVersion``). None, as for every new create: the newest version. A version
+    the scheduler does not ship is priced at the newest, with the warning PricebookUnknown."""
 
 
 class SlotPlan(Wire):
@@ -145,7 +156,9 @@ class SlotPlan(Wire):
     offering: str | None = None
     """None when nothing in the price book matches (then a blocking reason says so)."""
     rate_micros_per_hour: int | None = None
-    """The offering's rate for one node."""
+    """The rate of one node of the chosen capacity: the interruptible rate on interruptible capacity."""
+    interruptible: bool = False
+    """Whether the chosen capacity is interruptible (the provider may reclaim it)."""
     nodes: int = 1
     """Gang size; 1 unless distributed."""
     completions: int = 1
@@ -204,18 +217,34 @@ def duration_band(expected: str | None, timeout: str | None = None) -> tuple[tim
     return p50, p90, assumed
 
 
+def percentile(sorted_values: Sequence[int], pct: int) -> int:
+    """The nearest-rank ``pct``-th percentile of ascending integers (no interpolation, so no fraction):
+    the value at rank ⌈pct × n / 100⌉. Raises ValueError for an empty sequence or pct outside 1–100."""
+    if not sorted_values or not 1 <= pct <= 100:
+        raise ValueError("a percentile needs values and a pct from 1 to 100")
+    rank = -(-pct * len(sorted_values) // 100)
+    return sorted_values[rank - 1]
+
+
+def history_band(seconds: Sequence[int]) -> tuple[timedelta, timedelta] | None:
+    """The run band (p50, p90) of finished runs of ``seconds`` each: their nearest-rank median and 90th
+    percentile; None with fewer than :data:`HISTORY_MIN_SAMPLES` runs."""
+    if len(seconds) < HISTORY_MIN_SAMPLES:
+        return None
+    ordered = sorted(seconds)
+    return timedelta(seconds=percentile(ordered, 50)), timedelta(seconds=percentile(ordered, 90))
+
+
 def _band(pair: tuple[timedelta, timedelta]) -> DurationBand:
     return DurationBand(p50=format_duration(pair[0]), p90=format_duration(pair[1]))
 
 
 def startup_of(offering: Offering | None) -> StartupEstimate:
-    """Startup bands of an offering: its own when the price book gives them, else the defaults.
-
-    The price book's Offering carries no startup bands yet; this reads a ``startup`` field as soon as one
-    exists, so the defaults stop applying without a change here.
-    """
-    own = getattr(offering, "startup", None)
-    if isinstance(own, StartupEstimate) and own.cold and own.warm:
+    """Startup bands of an offering: its own when the price book gives them (``low`` as p50, ``high`` as
+    p90, :func:`nodus_schema.catalog.startup_estimate`), else the defaults (:data:`DEFAULT_COLD_STARTUP`,
+    :data:`DEFAULT_WARM_STARTUP`): older price books and offerings without bands."""
+    own = startup_estimate(offering)
+    if own is not None and own.cold is not None and own.warm is not None:
         return own
     return StartupEstimate(cold=_band(DEFAULT_COLD_STARTUP), warm=_band(DEFAULT_WARM_STARTUP))
 

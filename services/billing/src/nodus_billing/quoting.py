@@ -93,6 +93,14 @@ def cap_warnings(cap: int, money: Money, field: str) -> list[EstimateWarning]:
                 "fewer slots than requested can be funded at once",
             )
         )
+    if money.assembly_bound is not None and money.hold <= cap < money.assembly_bound:
+        out.append(
+            EstimateWarning(
+                code="MaxCostBelowAssemblyBound",
+                message=f"{field} {_usd(cap)} is below the assembly bound {_usd(money.assembly_bound)}: "
+                "gangs that keep failing to assemble may reach it before the Job fails",
+            )
+        )
     return out
 
 

@@ -1,99 +1,323 @@
 """The scheduler's half of an estimate (ADR-031): which capacity a create would use, at what rate, how long.
 
 Served on ``nodus.rpc.scheduler.estimate`` (queue group ``scheduler``, so replicas share the load). For
-each slot of the request (a Job, or each distinct GPU × region of a Sweep) it answers the offering, its
+each slot of the request (a Job, or each distinct GPU × region of a Sweep) it answers the capacity, its
 rate, the run and startup bands, and two different kinds of "no":
 
-* nothing in the price book can ever match (GPU, regions, offerings, rate cap) -> a *blocking* reason,
-  CapacityUnavailable, with a fix: no amount of waiting helps;
+* nothing in the price book can ever match (GPU, regions, offerings, rate cap, interruptible policy) -> a
+  *blocking* reason, CapacityUnavailable, with a fix: no amount of waiting helps;
 * something matches but no node is free now -> a *warning*, Queued: the create is admitted and waits.
+
+**Which capacity.** :func:`nodus_scheduler.placing.price_book_candidates` orders the price book as
+:func:`~nodus_scheduler.placing.place` orders nodes (ADR-0014: Prefer first, then the profile, Balanced by
+default; interruptible Allow by expected rate), at the request's price book version (the newest for a new
+create). A free node that :func:`~nodus_scheduler.placing.place` picks wins; else the best candidate of the
+price book is previewed and the create would queue for it.
+
+**How long.** The run band of one index is ``spec.expectedDuration`` (p90 1.5 ×) when set, else the run
+history of similar finished Jobs (:class:`RunHistory`: same namespace, image, GPU request and gang size;
+nearest-rank p50 and p90 of the most recent runs), else one hour (p90 1.5 ×), with warnings that say which.
 
 Money is billing's: this side fills no amount but the rate.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
 
 import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_kit import errors, messaging
 from nodus_kit.storing import ObjectStore
-from nodus_scheduler.placing import Placement, place
+from nodus_scheduler.cataloging import catalog_for
+from nodus_scheduler.placing import REASONS, Placement, demand_of, place, price_book_candidates, request_of
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
-from nodus_schema.catalog import Catalog, Offering, offering_matches
+from nodus_schema.catalog import GPUS_PER_NODE, Catalog, Offering
 from nodus_schema.costs import BlockingReason, DurationBand, Estimate, EstimateWarning, PlacementPreview
 from nodus_schema.estimating import (
     DEFAULT_ASSEMBLY_RETRIES,
     DEFAULT_ASSEMBLY_TIMEOUT,
     DEFAULT_EXPECTED_DURATION,
     ESTIMATE_SUBJECT,
+    HISTORY_MIN_SAMPLES,
     EstimateReply,
     EstimateRequest,
     SlotPlan,
     duration_band,
+    history_band,
+    p90_of,
     startup_of,
     valid_until,
 )
 from nodus_schema.expanding import cell_job, expand
-from nodus_schema.gpus import GPURequest, as_gpu_request, format_gpu, format_topology, has_string_form
-from nodus_schema.jobs import JobSpec
+from nodus_schema.gpus import format_gpu, format_topology, has_string_form
+from nodus_schema.jobs import Job, JobSpec, JobStatus
+from nodus_schema.jobs import Placement as PlacementSpec
+from nodus_schema.meta import ObjectMeta
 from nodus_schema.nodes import Node
-from nodus_schema.quantities import format_duration, micros_to_usd, usd_to_micros
+from nodus_schema.quantities import (
+    duration_micros,
+    format_duration,
+    micros_to_usd,
+    parse_bytes,
+    parse_duration,
+)
 from nodus_schema.sweeps import Sweep, SweepSpec
 
+log = logging.getLogger(__name__)
+
 QUEUE = "scheduler"
-_DEFAULT_RUN = format_duration(DEFAULT_EXPECTED_DURATION)
+
+HISTORY_REFRESH_S: Final = 60.0
+"""How old the run-history summary may get before the next request starts a refresh in the background."""
+HISTORY_RUNS: Final = 20
+"""Runs kept per kind of Job (namespace, image, GPU request, gang size): the most recent ones."""
+HISTORY_KEYS: Final = 10_000
+"""Kinds of Job kept; beyond it, those whose latest run is the oldest are dropped. Memory is bounded by
+HISTORY_KEYS × HISTORY_RUNS integers, whatever the size of the jobs bucket."""
+HISTORY_FIRST_WAIT_S: Final = 0.5
+"""How long a request waits for the first load of the history (only while it is in flight); after that it
+is answered without history. The gateway's timeout is 2 s."""
+COLD_START_SHARE_PERCENT: Final = 10
+"""ColdStart is warned when the cold start's p90 is at least this share of the run's p50: then the start
+is a visible part of the cost. Below it, the start is noise next to the run and warning every estimate
+(every start is cold today) would teach people to ignore warnings."""
+
+
+def _d(td: timedelta) -> str:
+    return format_duration(td)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Which offering: the price book first (can anything ever match?), then the live nodes (is one free now?)
+# Run history: how long similar Jobs ran, read from the jobs bucket, summarised, refreshed periodically
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _request(spec: JobSpec) -> GPURequest | None:
-    gpu = spec.resources.gpu if spec.resources else None
-    return as_gpu_request(gpu) if gpu is not None else None
+@dataclass(frozen=True, slots=True)
+class HistoryKey:
+    """What makes finished Jobs similar: the namespace, the image, the GPU request and the gang size."""
+
+    namespace: str
+    image: str
+    gpu: str
+    nodes: int
 
 
-def _refusal(spec: JobSpec, offering: Offering, catalog: Catalog) -> str | None:
-    """Why the price book's offering can never serve this spec, or None. The rules place() applies, plus
-    the two it leaves to admission: maxRateUSDPerHour and interruptible: Never."""
-    request = _request(spec)
-    if request is not None and (why := offering_matches(request, offering, catalog)):
-        return why
-    p = spec.placement
-    if p is None:
+def _gpu_key(spec: JobSpec) -> str:
+    """A canonical text of the GPU request: type names upper-cased and sorted, count, and the floors."""
+    r = request_of(spec)
+    if r is None:
+        return "-"
+    parts = [",".join(sorted(t.upper() for t in r.type)), str(r.count or 1)]
+    if r.exact:
+        parts.append("exact")
+    if r.interconnect and r.interconnect != "Any":
+        parts.append(r.interconnect)
+    if r.min_memory:
+        try:
+            parts.append(f"min{parse_bytes(r.min_memory)}")
+        except ValueError:
+            parts.append(f"min{r.min_memory}")
+    return ":".join(parts)
+
+
+def history_key(namespace: str, spec: JobSpec) -> HistoryKey | None:
+    """The key of a spec's kind of Job; None when it has no image to match by."""
+    image = spec.image or spec.image_ref
+    if not image:
         return None
-    if p.regions and offering.region_class not in p.regions:
-        return "other region"
-    if p.offerings and offering.id not in p.offerings:
-        return "offering not allowed"
-    if p.max_rate_usd_per_hour and offering.rate_micros_per_hour > usd_to_micros(p.max_rate_usd_per_hour):
-        return "above maxRateUSDPerHour"
-    if offering.interruptible and (p.interruptible or "Never") == "Never":
-        return "interruptible"
-    return None
+    return HistoryKey(namespace, image, _gpu_key(spec), _gang(spec)[0])
 
 
-def candidates(spec: JobSpec, catalog: Catalog) -> tuple[list[Offering], Counter[str]]:
-    """The offerings that could ever serve the spec, best first, and why the others cannot."""
-    fits: list[Offering] = []
-    refused: Counter[str] = Counter()
-    for offering in catalog.offerings:
-        why = _refusal(spec, offering, catalog)
-        if why:
-            refused[why] += 1
-        else:
-            fits.append(offering)
-    prefer_interruptible = spec.placement is not None and spec.placement.interruptible == "Prefer"
-    # Cheapest first (as place() prefers); Prefer puts interruptible capacity ahead of any price.
-    fits.sort(key=lambda o: (prefer_interruptible and not o.interruptible, o.rate_micros_per_hour, o.id))
-    return fits, refused
+def run_seconds_of(job: Job) -> int | None:
+    """The run time of one index of a Succeeded Job, from ``status.wallSeconds``, or None.
+
+    The wall time spans every wave of indexes (⌈completions / parallelism⌉ of them), so one index ran about
+    wall ÷ waves (rounded up). It also includes the start of the first wave, so the history errs long, as
+    estimates should. Failed and cancelled Jobs say nothing about how long a run that works takes."""
+    st = job.status
+    if st.phase != "Succeeded" or st.wall_seconds is None or st.wall_seconds <= 0:
+        return None
+    completions = max(1, job.spec.completions or 1)
+    parallelism = max(1, min(job.spec.parallelism or 1, completions))
+    waves = -(-completions // parallelism)
+    return -(-st.wall_seconds // waves)
+
+
+class RunHistory:
+    """A bounded summary of finished runs per :class:`HistoryKey`: the last :data:`HISTORY_RUNS` run times
+    of at most :data:`HISTORY_KEYS` kinds of Job.
+
+    Built from one list of the jobs bucket (:meth:`refresh`), never per request: :meth:`maybe_refresh`
+    starts a refresh in the background when the summary is older than :data:`HISTORY_REFRESH_S`, and
+    requests read whatever summary is current. Without a store (``jobs=None``) it holds what :meth:`load`
+    was given, for tests and tools.
+    """
+
+    def __init__(
+        self,
+        jobs: ObjectStore[Job] | None = None,
+        *,
+        refresh_s: float = HISTORY_REFRESH_S,
+        runs_per_key: int = HISTORY_RUNS,
+        max_keys: int = HISTORY_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.jobs = jobs
+        self.refresh_s = refresh_s
+        self.runs_per_key = runs_per_key
+        self.max_keys = max_keys
+        self.clock = clock
+        self.loaded = False
+        self.failed: str | None = None
+        self._runs: dict[HistoryKey, tuple[int, ...]] = {}
+        self._loaded_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def load(self, jobs: Iterable[Job]) -> None:
+        """Replace the summary with the finished runs of ``jobs``."""
+        found: dict[HistoryKey, list[tuple[str, int]]] = {}
+        for job in jobs:
+            seconds = run_seconds_of(job)
+            if seconds is None:
+                continue
+            key = history_key(job.metadata.namespace or "", job.spec)
+            if key is not None:
+                found.setdefault(key, []).append((job.status.completion_time or "", seconds))
+        newest: dict[HistoryKey, list[tuple[str, int]]] = {}
+        for key, runs in found.items():
+            runs.sort()  # RFC 3339 UTC times sort as text; the most recent last
+            newest[key] = runs[-self.runs_per_key :]
+        if len(newest) > self.max_keys:
+            kept = sorted(newest, key=lambda k: newest[k][-1][0], reverse=True)[: self.max_keys]
+            newest = {k: newest[k] for k in kept}
+        self._runs = {k: tuple(s for _, s in v) for k, v in newest.items()}
+        self.loaded, self.failed, self._loaded_at = True, None, self.clock()
+
+    def runs(self, key: HistoryKey | None) -> tuple[int, ...]:
+        """The run times (seconds) of the most recent finished runs of this kind, oldest first."""
+        return self._runs.get(key, ()) if key is not None else ()
+
+    def band(self, key: HistoryKey | None) -> tuple[timedelta, timedelta] | None:
+        """(p50, p90) of the runs of this kind (:func:`nodus_schema.estimating.history_band`), or None."""
+        return history_band(self.runs(key))
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    async def refresh(self) -> None:
+        """List the jobs bucket once and replace the summary."""
+        if self.jobs is None:
+            return
+        self.load((await self.jobs.list()).items)
+
+    async def _refresh_logged(self) -> None:
+        try:
+            await self.refresh()
+        except Exception as e:  # the estimate goes on without history; the next refresh tries again
+            self.failed, self._loaded_at = str(e) or type(e).__name__, self.clock()
+            log.warning("run history not refreshed: %s", e)
+
+    def maybe_refresh(self) -> asyncio.Task[None] | None:
+        """Start a refresh in the background if the summary is stale and none is in flight; the task
+        started, if one was."""
+        if self.jobs is None or (self._task is not None and not self._task.done()):
+            return None
+        if self._loaded_at is not None and self.clock() - self._loaded_at < self.refresh_s:
+            return None
+        self._task = asyncio.get_running_loop().create_task(self._refresh_logged())
+        return self._task
+
+    async def ready(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the first load, if it is in flight; at once otherwise."""
+        task = self._task
+        if self.loaded or task is None or task.done():
+            return
+        await asyncio.wait({task}, timeout=timeout)
+
+    def why_none(self, key: HistoryKey | None) -> str:
+        """Why this kind of Job has no history band (for the NoHistory warning)."""
+        if key is None:
+            return "the spec has no image to match finished Jobs by"
+        if not self.loaded and self.jobs is None:
+            return "no run history is kept"
+        if not self.loaded:
+            return (
+                f"run history is not available ({self.failed})"
+                if self.failed
+                else "run history is still loading"
+            )
+        n = len(self.runs(key))
+        gpu = "no GPU" if key.gpu == "-" else f"GPU {key.gpu}"
+        gang = f", {key.nodes} nodes" if key.nodes > 1 else ""
+        return (
+            f"{n} succeeded Job{'s' if n != 1 else ''} with image {key.image} and {gpu}{gang} in namespace "
+            f"{key.namespace} recorded a wall time; {HISTORY_MIN_SAMPLES} are needed"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The run band: declared, else history, else the default
+# ---------------------------------------------------------------------------------------------------------
+
+DECLARED, HISTORY, DEFAULT = "Declared", "History", "Default"
+
+
+@dataclass(frozen=True, slots=True)
+class RunBand:
+    """The run time of one index (p50, p90), where it came from, and what spec.timeout cut off."""
+
+    p50: timedelta
+    p90: timedelta
+    source: str
+    """DECLARED (spec.expectedDuration), HISTORY or DEFAULT."""
+    runs: int = 0
+    """History runs behind a HISTORY band."""
+    uncapped: tuple[timedelta, timedelta] | None = None
+    """(p50, p90) before spec.timeout capped them, when it capped the p90."""
+
+
+def run_band(spec: JobSpec, key: HistoryKey | None, history: RunHistory | None) -> RunBand:
+    """spec.expectedDuration (p90 1.5 ×), else the history band of ``key``, else the default hour (p90
+    1.5 ×); both capped at spec.timeout. Raises ValueError for a duration that does not parse."""
+    band = history.band(key) if history is not None and not spec.expected_duration else None
+    if band is not None and history is not None:
+        p50, p90, source, runs = band[0], band[1], HISTORY, len(history.runs(key))
+    else:
+        p50, p90, assumed = duration_band(spec.expected_duration)
+        source, runs = (DEFAULT if assumed else DECLARED), 0
+    uncapped = None
+    limit = parse_duration(spec.timeout) if spec.timeout else None
+    if limit is not None and limit > timedelta(0):
+        if p90 > limit:
+            uncapped = (p50, p90)
+        p50, p90 = min(p50, limit), min(p90, limit)
+    return RunBand(p50, p90, source, runs, uncapped)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Which capacity: the price book first (can anything ever match?), then the live nodes (is one free now?)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _reason_rank(reason: str) -> int:
+    if reason.startswith("not ") and reason.endswith(" GPUs per node"):
+        return REASONS.index("not N GPUs per node")
+    return REASONS.index(reason) if reason in REASONS else len(REASONS)
+
+
+def refusals(refused: Counter[str]) -> str:
+    """``32 other accelerator, 6 above maxRateUSDPerHour``: by count, then in the order of the rules."""
+    ordered = sorted(refused.items(), key=lambda rn: (-rn[1], _reason_rank(rn[0]), rn[0]))
+    return ", ".join(f"{n} {why}" for why, n in ordered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,31 +326,35 @@ class Choice:
 
     offering: Offering | None
     explain: str
+    rate_micros_per_hour: int | None = None
+    """The rate of one node of this capacity (the interruptible rate on interruptible capacity)."""
+    interruptible: bool = False
     queued: str | None = None
-    """Set when matching capacity exists in the price book but no node is free now."""
+    """Set when matching capacity exists in the price book but no node is free now: place()'s reasons."""
 
 
 def choose(spec: JobSpec, catalog: Catalog, nodes: list[Node], busy: set[str], now: datetime) -> Choice:
-    """A free node's offering if place() finds one within the price book's candidates, else the cheapest
-    candidate (the create queues for it), else no offering with the price book's reasons."""
-    fits, refused = candidates(spec, catalog)
-    total = len(catalog.offerings)
+    """The free node :func:`place` picks (at ``catalog``'s price book version), else the best capacity of
+    the price book in the same order (the create queues for it), else no capacity, with the price book's
+    reasons."""
+    fits, refused = price_book_candidates(spec, catalog)
+    total, version = len(catalog.offerings), catalog.pricebook_version
     if not fits:
-        detail = ", ".join(f"{n} {why}" for why, n in refused.most_common())
-        return Choice(None, f"0/{total} offerings in price book {catalog.pricebook_version}: {detail}")
+        return Choice(None, f"0/{total} offerings in price book {version}: {refusals(refused)}")
     placed = place(spec, nodes, busy, catalog, now)
-    if isinstance(placed, Placement) and placed.offering in fits:
-        node = placed.node.metadata.name or ""
-        return Choice(
-            placed.offering,
-            f"{len(fits)}/{total} offerings match; node {node} ({placed.offering.id}) is free now",
-        )
-    why = placed.message if not isinstance(placed, Placement) else "the free nodes are outside the rate cap"
-    cheapest = fits[0]
+    if isinstance(placed, Placement):
+        return Choice(placed.offering, placed.explain, placed.rate_micros_per_hour, placed.interruptible)
+    best, d = fits[0], demand_of(spec)
+    matching = len({c.offering.id for c in fits})
+    capacity = "interruptible" if best.interruptible else "on-demand"
+    explain = (
+        f"{best.offering.id} ({best.offering.region_class}, {capacity}) at "
+        f"{micros_to_usd(best.rate_micros_per_hour)} USD/h: profile {d.profile}, interruptible "
+        f"{d.interruptible}; {matching}/{total} offerings in price book {version} fit; "
+        f"no node is free now ({placed.message})"
+    )
     return Choice(
-        cheapest,
-        f"{len(fits)}/{total} offerings match; {cheapest.id} is the cheapest; no node is free now ({why})",
-        queued=why,
+        best.offering, explain, best.rate_micros_per_hour, best.interruptible, queued=placed.message
     )
 
 
@@ -138,7 +366,7 @@ def choose(spec: JobSpec, catalog: Catalog, nodes: list[Node], busy: set[str], n
 def _gang(spec: JobSpec) -> tuple[int, int | None]:
     """(nodes, gpus per node if known) of a spec; nodes is 1 for a plain Job."""
     d = spec.distributed
-    request = _request(spec)
+    request = request_of(spec)
     per_node = (d.gpus_per_node if d else None) or (request.count if request else None)
     if d and d.nodes:
         return d.nodes, per_node
@@ -149,7 +377,7 @@ def _gang(spec: JobSpec) -> tuple[int, int | None]:
 
 
 def _gpu_label(spec: JobSpec) -> str:
-    request = _request(spec)
+    request = request_of(spec)
     if request is None:
         return "no GPU"
     return format_gpu(request) if has_string_form(request) else ",".join(request.type)
@@ -159,14 +387,31 @@ def _gpu_label(spec: JobSpec) -> str:
 class SlotEstimate:
     plan: SlotPlan
     choice: Choice
-    assumed_duration: bool
+    band: RunBand
+    spec: JobSpec
+    key: HistoryKey | None
+    history: RunHistory | None = None
+
+    @property
+    def assumed_duration(self) -> bool:
+        """No spec.expectedDuration and no history: the default hour was assumed."""
+        return self.band.source == DEFAULT
 
 
 def estimate_slot(
-    spec: JobSpec, catalog: Catalog, nodes: list[Node], busy: set[str], now: datetime, *, label: str
+    spec: JobSpec,
+    catalog: Catalog,
+    nodes: list[Node],
+    busy: set[str],
+    now: datetime,
+    *,
+    label: str,
+    namespace: str = "",
+    history: RunHistory | None = None,
 ) -> SlotEstimate:
     """One slot: its choice of capacity, its bands, and the plan billing prices."""
-    p50, p90, assumed = duration_band(spec.expected_duration, spec.timeout)
+    key = history_key(namespace, spec)
+    band = run_band(spec, key, history)
     choice = choose(spec, catalog, nodes, busy, now)
     startup = startup_of(choice.offering)
     gang, _ = _gang(spec)
@@ -175,11 +420,12 @@ def estimate_slot(
     plan = SlotPlan(
         label=label,
         offering=choice.offering.id if choice.offering else None,
-        rate_micros_per_hour=choice.offering.rate_micros_per_hour if choice.offering else None,
+        rate_micros_per_hour=choice.rate_micros_per_hour if choice.offering else None,
+        interruptible=choice.interruptible,
         nodes=gang,
         completions=completions,
         parallelism=min(spec.parallelism or 1, completions),
-        run=DurationBand(p50=format_duration(p50), p90=format_duration(p90)),
+        run=DurationBand(p50=_d(band.p50), p90=_d(band.p90)),
         boot=startup.cold or DurationBand(),
         max_cost_usd=spec.max_cost_usd,
     )
@@ -187,17 +433,25 @@ def estimate_slot(
         retries = d.max_assembly_retries if d and d.max_assembly_retries is not None else None
         plan = msgspec.structs.replace(
             plan,
-            assembly_timeout=(d.startup_timeout if d else None) or format_duration(DEFAULT_ASSEMBLY_TIMEOUT),
+            assembly_timeout=(d.startup_timeout if d else None) or _d(DEFAULT_ASSEMBLY_TIMEOUT),
             assembly_tries=1 + (DEFAULT_ASSEMBLY_RETRIES if retries is None else retries),
         )
-    return SlotEstimate(plan, choice, assumed)
+    return SlotEstimate(plan, choice, band, spec, key, history)
 
 
 def _cell_slots(
-    sweep: SweepSpec, catalog: Catalog, nodes: list[Node], busy: set[str], now: datetime
+    sweep: SweepSpec,
+    catalog: Catalog,
+    nodes: list[Node],
+    busy: set[str],
+    now: datetime,
+    *,
+    namespace: str = "",
+    history: RunHistory | None = None,
 ) -> list[SlotEstimate]:
     """One slot per distinct gpu × region of the matrix; params and repetitions only multiply cells."""
-    cells = expand(Sweep(spec=sweep))
+    whole = Sweep(metadata=ObjectMeta(namespace=namespace), spec=sweep)
+    cells = expand(whole)
     groups: dict[tuple[bytes, str | None], list[int]] = {}
     for cell in cells:
         key = (msgspec.json.encode(cell.gpu), cell.region)
@@ -205,11 +459,222 @@ def _cell_slots(
     out: list[SlotEstimate] = []
     for indexes in groups.values():
         first = cells[indexes[0]]
-        spec = cell_job(Sweep(spec=sweep), first).spec
+        spec = cell_job(whole, first).spec
         label = _gpu_label(spec) + (f"/{first.region}" if first.region else "")
-        slot = estimate_slot(spec, catalog, nodes, busy, now, label=label)
+        slot = estimate_slot(
+            spec, catalog, nodes, busy, now, label=label, namespace=namespace, history=history
+        )
         plan = msgspec.structs.replace(slot.plan, cells=len(indexes), first_cell=first.index)
-        out.append(SlotEstimate(plan, slot.choice, slot.assumed_duration))
+        out.append(SlotEstimate(plan, slot.choice, slot.band, spec, slot.key, history))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Blocking reasons and their fix
+# ---------------------------------------------------------------------------------------------------------
+
+_GENERAL_FIX: Final = (
+    "Widen placement: another GPU type or family in resources.gpu (or the Sweep's matrix.gpu), "
+    "more placement.regions or placement.offerings, a higher placement.maxRateUSDPerHour, or "
+    "placement.interruptible: Allow."
+)
+
+
+def _with_placement(spec: JobSpec, **change: Any) -> JobSpec:
+    placement = msgspec.structs.replace(spec.placement or PlacementSpec(), **change)
+    return msgspec.structs.replace(spec, placement=placement)
+
+
+def capacity_fix(spec: JobSpec, catalog: Catalog, kind: str) -> str:
+    """What would let the price book serve ``spec``: each placement constraint that, lifted alone, lets
+    something match, with the value that works; else the general advice."""
+    field = "spec.template.spec." if kind == "Sweep" else "spec."
+    p = spec.placement or PlacementSpec()
+    hints: list[str] = []
+    if p.max_rate_usd_per_hour:
+        fits, _ = price_book_candidates(_with_placement(spec, max_rate_usd_per_hour=None), catalog)
+        if fits:
+            cheapest = min(c.rate_micros_per_hour for c in fits)
+            hints.append(
+                f"raise {field}placement.maxRateUSDPerHour to at least {micros_to_usd(cheapest)} "
+                "(the cheapest matching capacity)"
+            )
+    if (p.interruptible or "Never") == "Never":
+        fits, _ = price_book_candidates(_with_placement(spec, interruptible="Allow"), catalog)
+        if fits:
+            hints.append(f"set {field}placement.interruptible: Allow (interruptible capacity matches)")
+    if p.regions:
+        fits, _ = price_book_candidates(_with_placement(spec, regions=[]), catalog)
+        if fits:
+            regions = ", ".join(sorted({c.offering.region_class for c in fits}))
+            where = "spec.matrix.regions or " if kind == "Sweep" else ""
+            hints.append(f"choose a region class in {where}{field}placement.regions that has it: {regions}")
+    if p.offerings:
+        fits, _ = price_book_candidates(_with_placement(spec, offerings=[]), catalog)
+        if fits:
+            ids = ", ".join(sorted({c.offering.id for c in fits})[:3])
+            hints.append(f"allow a matching offering in {field}placement.offerings, e.g. {ids}")
+    request = request_of(spec)
+    if request is not None and spec.resources is not None:
+        counts = []
+        for count in GPUS_PER_NODE:
+            if count == (request.count or 1):
+                continue
+            other = msgspec.structs.replace(request, count=count)
+            resources = msgspec.structs.replace(spec.resources, gpu=other)
+            if price_book_candidates(msgspec.structs.replace(spec, resources=resources), catalog)[0]:
+                counts.append(str(count))
+        if counts:
+            where = "spec.matrix.gpu or " if kind == "Sweep" else ""
+            hints.append(f"ask for {' or '.join(counts)} GPUs per node in {where}{field}resources.gpu.count")
+    if not hints:
+        return _GENERAL_FIX
+    text = "; or ".join(hints)
+    return text[0].upper() + text[1:] + "."
+
+
+def _blocking(slot: SlotEstimate, kind: str, catalog: Catalog) -> BlockingReason:
+    where = "the Job" if kind == "Job" else f"cells {slot.plan.label} (from cell {slot.plan.first_cell})"
+    return BlockingReason(
+        code="CapacityUnavailable",
+        message=f"nothing in the price book can run {where}: {slot.choice.explain}",
+        fix=capacity_fix(slot.spec, catalog, kind),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Warnings
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _which(slots: list[SlotEstimate], kind: str) -> str:
+    return "the Job" if kind == "Job" else "cells " + ", ".join(s.plan.label for s in slots)
+
+
+def _key_text(key: HistoryKey) -> str:
+    gpu = "no GPU" if key.gpu == "-" else f"GPU {key.gpu}"
+    gang = f", {key.nodes} nodes" if key.nodes > 1 else ""
+    return f"image {key.image} and {gpu}{gang} in namespace {key.namespace}"
+
+
+def _duration_warnings(slots: list[SlotEstimate], kind: str) -> list[EstimateWarning]:
+    out: list[EstimateWarning] = []
+    learned = [s for s in slots if s.band.source == HISTORY]
+    if learned:
+        s = learned[0]
+        key = f" ({_key_text(s.key)})" if s.key is not None and kind == "Job" else ""
+        out.append(
+            EstimateWarning(
+                code="DurationFromHistory",
+                message=f"spec.expectedDuration is unset: the run band of {_which(learned, kind)} is the "
+                f"p50 {_d(s.band.p50)} and p90 {_d(s.band.p90)} of the last {s.band.runs} succeeded "
+                f"similar Jobs{key}",
+            )
+        )
+    assumed = [s for s in slots if s.band.source == DEFAULT]
+    if assumed:
+        s = assumed[0]
+        why = s.history.why_none(s.key) if s.history is not None else "no run history is kept"
+        out.append(
+            EstimateWarning(
+                code="NoHistory",
+                message=f"no run history for {_which(assumed, kind)}: {why}",
+            )
+        )
+        out.append(
+            EstimateWarning(
+                code="DefaultDuration",
+                message=f"spec.expectedDuration is unset and there is no run history: costs assume the "
+                f"default {_d(DEFAULT_EXPECTED_DURATION)} per index "
+                f"(p90 {_d(p90_of(DEFAULT_EXPECTED_DURATION))}); set spec.expectedDuration for a tighter "
+                "estimate",
+            )
+        )
+    capped = [s for s in slots if s.band.uncapped is not None]
+    if capped:
+        s = capped[0]
+        p50, p90 = s.band.uncapped or (s.band.p50, s.band.p90)
+        likely = (
+            f"even the median run ({_d(p50)}) is longer, so the Job will likely fail"
+            if p50 > s.band.p90
+            else "a run that long fails"
+        )
+        out.append(
+            EstimateWarning(
+                code="TimeoutBelowDuration",
+                message=f"spec.timeout {_d(s.band.p90)} is below the run band's p90 {_d(p90)} for "
+                f"{_which(capped, kind)}: {likely} with DeadlineExceeded; costs are capped at the timeout",
+            )
+        )
+    return out
+
+
+def _cold_start(slots: list[SlotEstimate], kind: str) -> EstimateWarning | None:
+    """ColdStart: every start is cold (no warm capacity is kept), and for these slots it is a visible part
+    of the run (cold p90 ≥ COLD_START_SHARE_PERCENT % of the run's p50)."""
+    cold: list[tuple[SlotEstimate, timedelta, timedelta]] = []
+    for s in slots:
+        if s.choice.offering is None:
+            continue
+        band = startup_of(s.choice.offering).cold
+        if band is None or band.p50 is None or band.p90 is None:
+            continue
+        p50, p90 = parse_duration(band.p50), parse_duration(band.p90)
+        if duration_micros(p90) * 100 >= duration_micros(s.band.p50) * COLD_START_SHARE_PERCENT:
+            cold.append((s, p50, p90))
+    if not cold:
+        return None
+    s, p50, p90 = cold[0]
+    run = duration_micros(s.band.p50)
+    share = f"{duration_micros(p90) * 100 // run} % of" if run else "longer than"
+    offering = s.choice.offering.id if s.choice.offering else ""
+    return EstimateWarning(
+        code="ColdStart",
+        message=f"no warm capacity would be reused for {_which([c[0] for c in cold], kind)}: each node "
+        f"starts cold in {_d(p50)} (p50) to {_d(p90)} (p90) on {offering}, billed as Boot; its p90 is "
+        f"{share} the run's p50 {_d(s.band.p50)}",
+    )
+
+
+def _interruptible(slots: list[SlotEstimate], kind: str) -> EstimateWarning | None:
+    chosen = [s for s in slots if s.choice.offering is not None and s.choice.interruptible]
+    if not chosen:
+        return None
+    s = chosen[0]
+    offering = s.choice.offering
+    assert offering is not None
+    on_demand = (
+        f" (on-demand {micros_to_usd(offering.rate_micros_per_hour)} USD/h)"
+        if not offering.interruptible
+        else ""
+    )
+    recovery = s.spec.recovery
+    restart = (
+        "starts over from the beginning (recovery.continuity: Ephemeral)"
+        if recovery is not None and recovery.continuity == "Ephemeral"
+        else "resumes from its latest checkpoint on new capacity"
+    )
+    return EstimateWarning(
+        code="InterruptibleSelected",
+        message=f"interruptible capacity was chosen for {_which(chosen, kind)}: {offering.id} at "
+        f"{micros_to_usd(s.choice.rate_micros_per_hour or 0)} USD/h{on_demand}; the provider can reclaim "
+        f"it, and a reclaimed run {restart}",
+    )
+
+
+def _warnings(slots: list[SlotEstimate], kind: str) -> list[EstimateWarning]:
+    out: list[EstimateWarning] = []
+    queued = [s for s in slots if s.choice.offering is not None and s.choice.queued]
+    if queued:
+        out.append(
+            EstimateWarning(
+                code="Queued",
+                message=f"no node is free now for {_which(queued, kind)} ({queued[0].choice.queued}); "
+                "the create is admitted and waits for capacity up to placement.queueTimeout",
+            )
+        )
+    out += _duration_warnings(slots, kind)
+    out += [w for w in (_cold_start(slots, kind), _interruptible(slots, kind)) if w is not None]
     return out
 
 
@@ -218,48 +683,25 @@ def _cell_slots(
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _blocking(slot: SlotEstimate, kind: str) -> BlockingReason:
-    where = "the Job" if kind == "Job" else f"cells {slot.plan.label} (from cell {slot.plan.first_cell})"
-    return BlockingReason(
-        code="CapacityUnavailable",
-        message=f"nothing in the price book can run {where}: {slot.choice.explain}",
-        fix=(
-            "Widen placement: another GPU type or family in resources.gpu (or the Sweep's matrix.gpu), "
-            "more placement.regions or placement.offerings, a higher placement.maxRateUSDPerHour, or "
-            "placement.interruptible: Allow."
-        ),
+def book_for(request: EstimateRequest, catalog: Catalog) -> tuple[Catalog, EstimateWarning | None]:
+    """The price book version to estimate at: the request's (an existing object's recorded version, through
+    :func:`~nodus_scheduler.cataloging.catalog_for`), else the newest (a new create). A version this
+    scheduler does not ship is priced at the newest, with a PricebookUnknown warning."""
+    asked = request.pricebook_version
+    if not asked:
+        return catalog.latest(), None
+    probe = Job(
+        metadata=ObjectMeta(namespace=request.namespace),
+        status=JobStatus(estimate=Estimate(pricebook_version=asked)),
     )
-
-
-def _warnings(slots: list[SlotEstimate], kind: str) -> list[EstimateWarning]:
-    out: list[EstimateWarning] = []
-    queued = [s for s in slots if s.choice.offering is not None and s.choice.queued]
-    if queued:
-        names = ", ".join(s.plan.label for s in queued) if kind == "Sweep" else "the Job"
-        out.append(
-            EstimateWarning(
-                code="Queued",
-                message=f"no node is free now for {names} ({queued[0].choice.queued}); "
-                "the create is admitted and waits for capacity up to placement.queueTimeout",
-            )
-        )
-    if any(s.assumed_duration for s in slots):
-        out.append(
-            EstimateWarning(
-                code="ExpectedDurationAssumed",
-                message=f"spec.expectedDuration is unset; costs assume {_DEFAULT_RUN} per index "
-                "(p90 1.5x); set it for a tighter estimate",
-            )
-        )
-    if any(s.choice.offering is not None and s.choice.offering.interruptible for s in slots):
-        out.append(
-            EstimateWarning(
-                code="InterruptibleSelected",
-                message="interruptible capacity was chosen: it can be reclaimed, and recovery resumes from "
-                "the latest checkpoint",
-            )
-        )
-    return out
+    book = catalog_for(probe, catalog)
+    if book.pricebook_version == asked:
+        return book, None
+    return book, EstimateWarning(
+        code="PricebookUnknown",
+        message=f"price book {asked} is not one this scheduler ships ({', '.join(catalog.versions())}); "
+        f"priced at the newest, {book.pricebook_version}",
+    )
 
 
 def assemble(kind: str, slots: list[SlotEstimate], catalog: Catalog, now: datetime) -> EstimateReply:
@@ -273,7 +715,7 @@ def assemble(kind: str, slots: list[SlotEstimate], catalog: Catalog, now: dateti
         preview = PlacementPreview(
             offering=offering.id,
             region_class=offering.region_class,
-            interruptible=offering.interruptible,
+            interruptible=first.choice.interruptible,
             warm_reuse=False,  # no warm pool is kept yet: every start is a cold start
             explain=explain or first.choice.explain,
         )
@@ -290,41 +732,67 @@ def assemble(kind: str, slots: list[SlotEstimate], catalog: Catalog, now: dateti
         topology=topology,
         valid_until=valid_until(now),
         warnings=_warnings(slots, kind),
-        blocking_reasons=[_blocking(s, kind) for s in slots if s.choice.offering is None],
+        blocking_reasons=[_blocking(s, kind, catalog) for s in slots if s.choice.offering is None],
     )
     return EstimateReply(estimate=estimate, slots=[s.plan for s in slots])
 
 
 def estimate(
-    request: EstimateRequest, catalog: Catalog, nodes: list[Node], busy: set[str], now: datetime
+    request: EstimateRequest,
+    catalog: Catalog,
+    nodes: list[Node],
+    busy: set[str],
+    now: datetime,
+    *,
+    history: RunHistory | None = None,
 ) -> EstimateReply:
-    """The whole scheduler estimate for a request, pure given the nodes and the busy set."""
+    """The whole scheduler estimate for a request, pure given the nodes, the busy set and the history."""
+    book, note = book_for(request, catalog)
+    ns = request.namespace
     if request.kind == "Job" and request.job_spec is not None:
-        slot = estimate_slot(request.job_spec, catalog, nodes, busy, now, label="job")
-        return assemble("Job", [slot], catalog, now)
-    if request.kind == "Sweep" and request.sweep_spec is not None:
-        return assemble("Sweep", _cell_slots(request.sweep_spec, catalog, nodes, busy, now), catalog, now)
-    raise ValueError(f"kind {request.kind!r} needs its spec: Job with jobSpec, or Sweep with sweepSpec")
+        slot = estimate_slot(
+            request.job_spec, book, nodes, busy, now, label="job", namespace=ns, history=history
+        )
+        reply = assemble("Job", [slot], book, now)
+    elif request.kind == "Sweep" and request.sweep_spec is not None:
+        slots = _cell_slots(request.sweep_spec, book, nodes, busy, now, namespace=ns, history=history)
+        reply = assemble("Sweep", slots, book, now)
+    else:
+        raise ValueError(f"kind {request.kind!r} needs its spec: Job with jobSpec, or Sweep with sweepSpec")
+    if note is not None:
+        warnings = [note, *reply.estimate.warnings]
+        reply = msgspec.structs.replace(
+            reply, estimate=msgspec.structs.replace(reply.estimate, warnings=warnings)
+        )
+    return reply
 
 
 class Estimator:
-    """The endpoint: reads the live nodes and busy set, then answers :func:`estimate`."""
+    """The endpoint: reads the live nodes and busy set and the run history, then answers :func:`estimate`."""
 
-    def __init__(self, nc: NATS, catalog: Catalog) -> None:
+    def __init__(self, nc: NATS, catalog: Catalog, history: RunHistory | None = None) -> None:
         self.catalog = catalog
         self.nodes = ObjectStore(nc, "nodes", Node)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
+        self.history = history if history is not None else RunHistory(ObjectStore(nc, "jobs", Job))
 
     async def handle(self, request: EstimateRequest) -> EstimateReply:
+        self.history.maybe_refresh()
+        await self.history.ready(HISTORY_FIRST_WAIT_S)
         nodes = (await self.nodes.list()).items
         attempts = (await self.attempts.list()).items
         busy = {a.spec.node for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
         try:
-            return estimate(request, self.catalog, nodes, busy, datetime.now(UTC))
+            return estimate(request, self.catalog, nodes, busy, datetime.now(UTC), history=self.history)
         except ValueError as e:  # a spec the gateway should have refused: say so, do not crash
             raise errors.Invalid(str(e)) from None
 
 
-async def serve_estimates(nc: NATS, catalog: Catalog, *, subject: str = ESTIMATE_SUBJECT) -> Any:
-    """Serve ``nodus.rpc.scheduler.estimate`` in queue group ``scheduler``; returns the subscription."""
-    return await messaging.serve(nc, subject, EstimateRequest, Estimator(nc, catalog).handle, queue=QUEUE)
+async def serve_estimates(
+    nc: NATS, catalog: Catalog, *, subject: str = ESTIMATE_SUBJECT, history: RunHistory | None = None
+) -> Any:
+    """Serve ``nodus.rpc.scheduler.estimate`` in queue group ``scheduler``; returns the subscription. The
+    run history (of the jobs bucket, unless ``history`` is given) starts loading at once."""
+    estimator = Estimator(nc, catalog, history)
+    estimator.history.maybe_refresh()
+    return await messaging.serve(nc, subject, EstimateRequest, estimator.handle, queue=QUEUE)

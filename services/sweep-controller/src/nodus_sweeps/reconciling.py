@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from nodus_kit.errors import AlreadyExists, NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
-from nodus_schema.costs import Cost
+from nodus_schema.costs import Cost, Estimate
 from nodus_schema.defaulting import default_job
 from nodus_schema.estimating import RATE_CEILING_ANNOTATION
 from nodus_schema.expanding import Cell, cell_job, expand
@@ -151,15 +151,27 @@ class SweepReconciler:
 
 
 def _bound(sweep: Sweep, job: Job) -> Job:
-    """The cell Job with the Sweep's bound rate ceiling (ADR-031), if the Sweep was created bound to an
-    estimate: the scheduler places no cell above it."""
+    """The cell Job bound to the Sweep's estimate (ADR-031, ADR-0014): the Sweep's rate ceiling, if it was
+    created bound to a dry-run (the scheduler places no cell above it), and the price book version the
+    Sweep was admitted under (``status.estimate.pricebookVersion``), so every cell is placed and priced at
+    that version rather than at whatever is newest when the cell is created. A version the cell already
+    records is kept."""
     ceiling = sweep.metadata.annotations.get(RATE_CEILING_ANNOTATION)
-    if ceiling is None:
-        return job
-    annotations = {**job.metadata.annotations, RATE_CEILING_ANNOTATION: ceiling}
-    return msgspec.structs.replace(
-        job, metadata=msgspec.structs.replace(job.metadata, annotations=annotations)
-    )
+    if ceiling is not None:
+        annotations = {**job.metadata.annotations, RATE_CEILING_ANNOTATION: ceiling}
+        job = msgspec.structs.replace(
+            job, metadata=msgspec.structs.replace(job.metadata, annotations=annotations)
+        )
+    admitted = sweep.status.estimate.pricebook_version if sweep.status.estimate else None
+    recorded = job.status.estimate
+    if admitted is not None and (recorded is None or recorded.pricebook_version is None):
+        estimate = (
+            Estimate(pricebook_version=admitted)
+            if recorded is None
+            else msgspec.structs.replace(recorded, pricebook_version=admitted)
+        )
+        job = msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, estimate=estimate))
+    return job
 
 
 def _same(a: SweepStatus, b: SweepStatus) -> bool:
