@@ -18,8 +18,15 @@ READY = "Server is ready"
 
 class NatsServer:
     def __init__(
-        self, store_dir: Path | None = None, port: int | None = None, tie_to_parent: bool = False
+        self,
+        store_dir: Path | None = None,
+        port: int | None = None,
+        tie_to_parent: bool = False,
+        *,
+        sync_always: bool = True,
     ) -> None:
+        """``sync_always=False`` leaves fsync to nats-server's default cadence: only benchmarks use it, to
+        show what the per-write fsync of the stack's setting costs."""
         # Fixtures tie the server to the test process (it dies with pytest even on SIGKILL); the local
         # stack does not, because its servers must outlive `make up`.
         self.tie_to_parent = tie_to_parent
@@ -29,6 +36,7 @@ class NatsServer:
         self.log = self.store_dir / "nats.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.binary = venv_bin("nats-server")
+        self.sync_always = sync_always
 
     @property
     def url(self) -> str:
@@ -38,9 +46,8 @@ class NatsServer:
         offset = self.log.stat().st_size if self.log.exists() else 0
         conf = self.store_dir / "nats.conf"
         # sync_interval: always — Jepsen (2025) showed the default fsync cadence can lose acked writes.
-        conf.write_text(
-            f'jetstream {{\n  store_dir: "{self.store_dir / "js"}"\n  sync_interval: always\n}}\n'
-        )
+        sync = "  sync_interval: always\n" if self.sync_always else ""
+        conf.write_text(f'jetstream {{\n  store_dir: "{self.store_dir / "js"}"\n{sync}}}\n')
         cmd = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-c", str(conf), "-l", str(self.log)]
         self.proc = spawn_server(cmd, self.store_dir / "nats.stdout", tie_to_parent=self.tie_to_parent)
         self._wait_ready(offset, deadline_s)
