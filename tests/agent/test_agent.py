@@ -177,13 +177,13 @@ async def test_node_registers_with_fake_gpus_heartbeats_and_goes_not_ready(
 ) -> None:
     running = await start_agent(
         nats_url, nc, unique, tmp_path, NODUS_AGENT_GPUS="2", NODUS_AGENT_OFFERING="h100-sxm-80g-x2-us",
-        NODUS_AGENT_REGION="us", NODUS_AGENT_POOL="blue",
+        NODUS_AGENT_REGION="us", NODUS_AGENT_POOL="blue", NODUS_AGENT_INTERRUPTIBLE="true",
     )  # fmt: skip
     store = ObjectStore(nc, "nodes", Node)
     try:
         node = await store.get(None, unique)
         assert node.spec.offering == "h100-sxm-80g-x2-us" and node.spec.region_class == "us"
-        assert node.spec.pool == "blue"
+        assert node.spec.pool == "blue" and node.spec.interruptible is True
         assert node.status.phase == "Ready" and node.status.fake_gpus is True
         assert [(g.index, g.uuid, g.variant, g.memory) for g in node.status.gpus] == [
             (0, f"GPU-fake-{unique}-0", "H100-SXM-80G", "80Gi"),

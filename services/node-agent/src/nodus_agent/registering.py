@@ -95,6 +95,7 @@ class Registration:
             region_class=s.region_class,
             pool=s.pool,
             unschedulable=node.spec.unschedulable,  # a cordon outlives an agent restart
+            interruptible=True if s.interruptible else None,
         )
         status = msgspec.structs.replace(
             node.status,

@@ -34,6 +34,8 @@ class AgentSettings:
     stop_grace_s: float = 10.0
     fake_gpus: bool = False
     """Skip NVML: simulated nodes on a GPU host, and tests that must see the same on every machine."""
+    interruptible: bool = False
+    """The host is interruptible capacity (its provider may reclaim it): NODUS_AGENT_INTERRUPTIBLE."""
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> AgentSettings:
@@ -69,6 +71,7 @@ class AgentSettings:
             pool=env.get("NODUS_AGENT_POOL") or None,
             stop_grace_s=float(env.get("NODUS_AGENT_STOP_GRACE_S", "10")),
             fake_gpus=env.get("NODUS_AGENT_FAKE_GPUS", "").lower() in ("1", "true", "yes"),
+            interruptible=env.get("NODUS_AGENT_INTERRUPTIBLE", "").lower() in ("1", "true", "yes"),
         )
 
 
