@@ -177,3 +177,17 @@ async def test_ttl_after_finished_deletes_the_job_and_its_attempts(make_rig: Cal
             return False
 
         await eventually(gone, deadline_s=15, message="the finished Job was never deleted")
+
+
+async def test_an_ephemeral_job_starts_over_after_a_suspension(make_rig: Callable[..., Any]) -> None:
+    async with make_rig(lambda s: (None, 0) if s.attempt_no == 1 else (0.0, 0)) as rig:
+        await rig.submit("e", recovery={"continuity": "Ephemeral"})
+        await eventually(lambda: rig.fleet.running, message="the run never started")
+        await rig.set_spec("e", state="Suspended")
+        await phase(rig, "e", "Suspended")
+        await rig.set_spec("e", state="Running")
+        await phase(rig, "e", "Succeeded")
+        assert [(s.attempt_no, s.restore_from, s.continuity) for s in rig.fleet.started] == [
+            (1, None, "Ephemeral"),
+            (2, None, "Ephemeral"),
+        ]
