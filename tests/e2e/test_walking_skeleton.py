@@ -93,7 +93,9 @@ async def test_a_sweep_runs_end_to_end(stack: tuple[Stack, dict[str, str]]) -> N
             sweep = (await http.get(f"{base}/sweeps/skeleton")).json()
             st = sweep.get("status", {})
             cells = st.get("cells", [])
-            done = st.get("phase") in ("Succeeded", "Failed") and all(c.get("costUSD") for c in cells)
+            # The cost is final once every run of every cell is charged (a cell may show "0.00" before).
+            final = (st.get("cost") or {}).get("final")
+            done = st.get("phase") in ("Succeeded", "Failed") and bool(final) and len(cells) == 6
             return sweep if done else None
 
         sweep = await eventually(finished, deadline_s=90, interval_s=0.25, message="the Sweep never finished")

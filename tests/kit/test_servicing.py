@@ -64,8 +64,12 @@ async def test_each_service_starts_reports_ready_and_stops_on_sigterm(
         "NODUS_GATEWAY_PORT": str(free_port()),
         "NODUS_AGENT_WORKDIR": str(tmp_path / "agent"),
     }
-    # A real process, as production runs it; Popen returns at once (it does not wait).
-    proc = subprocess.Popen([sys.executable, "-m", module], env=env, stderr=subprocess.PIPE)  # noqa: ASYNC220
+    # A real process, as production runs it; Popen returns at once (it does not wait). Its logs go to a
+    # file, not a pipe: on the session's busy server a service logs more than a pipe holds, and a
+    # process blocked writing to a full pipe cannot exit.
+    log_path = tmp_path / "stderr.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", module], env=env, stderr=log)  # noqa: ASYNC220
     try:
 
         async def ready() -> bool:
@@ -81,7 +85,9 @@ async def test_each_service_starts_reports_ready_and_stops_on_sigterm(
     finally:
         if proc.poll() is None:
             proc.kill()
-        stderr = proc.stderr.read().decode() if proc.stderr else ""
+            proc.wait(timeout=10)
+        log.close()
+        stderr = log_path.read_text()
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     assert any(line["msg"] == "service ready" for line in lines), stderr
     assert any(line["msg"] == "service stopping" for line in lines), stderr

@@ -4,7 +4,12 @@ The fleet stands in for node agents at the bus level, exactly as agents talk: it
 that heartbeat, takes ``nodus.assign.<node>`` messages from the assignments work queue, and publishes
 AttemptStarted / AttemptFinished reports. What each run does is the test's script (succeed, fail with an
 exit code, hang until stopped), so every lifecycle rule can be driven on purpose. It also checks the one
-thing no scheduler may ever do: run two Attempts of the same index at the same time.
+thing no scheduler may ever do: run two Attempts of the same index at the same time (for a gang: members
+of two gang attempts of one index at once; the members of one gang attempt run together by design).
+
+For gangs (ADR-0016) it can also hold a run before it starts (``hold``: no AttemptStarted until it is
+stopped, as a member stuck pulling its image), and end a run as Lost (:meth:`Fleet.lose`, as an agent
+that restarted under it reports).
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ def succeed(_: StartAttempt) -> Outcome:
     return (0.0, 0)
 
 
+def never(_: StartAttempt) -> bool:
+    return False
+
+
 @dataclass
 class Fleet:
     nc: NATS
@@ -55,6 +64,7 @@ class Fleet:
     overlaps: list[str] = field(default_factory=list)
     silent: set[str] = field(default_factory=set)  # nodes that stopped heartbeating
     max_running: int = 0
+    hold: Callable[[StartAttempt], bool] = never  # runs that never report started (until stopped)
 
     def __post_init__(self) -> None:
         self.js = self.nc.jetstream()
@@ -62,14 +72,17 @@ class Fleet:
         self._tasks: list[asyncio.Task[Any]] = []
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._seen: set[str] = set()
+        self._stopped = False
 
-    async def add_nodes(self, n: int, prefix: str = "n", offering: str = OFFERING) -> list[str]:
+    async def add_nodes(
+        self, n: int, prefix: str = "n", offering: str = OFFERING, region: str = REGION
+    ) -> list[str]:
         names = [f"{prefix}{len(self.nodes) + i}" for i in range(n)]
         for name in names:
             await self.store.create(
                 Node(
                     metadata=ObjectMeta(name=name),
-                    spec=NodeSpec(offering=offering, region_class=REGION),
+                    spec=NodeSpec(offering=offering, region_class=region),
                     status=NodeStatus(phase="Ready", last_heartbeat_time=now_rfc3339()),
                 )
             )
@@ -84,14 +97,22 @@ class Fleet:
         self._tasks = [asyncio.create_task(self._take()), asyncio.create_task(self._beat())]
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self._runs.values()]:
+        # The loops also end on this flag: Python 3.11's wait_for (inside nats-py's fetch) can swallow a
+        # cancellation that lands as its timer fires, and a taking loop left running on a closed connection
+        # spins without yielding, stalling every later test on the session's one event loop.
+        self._stopped = True
+        tasks = [*self._tasks, *self._runs.values()]
+        for t in tasks:
             t.cancel()
-        for t in [*self._tasks, *self._runs.values()]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        if not tasks:
+            return
+        done, _ = await asyncio.wait(tasks, timeout=5.0)
+        for t in done:
+            if not t.cancelled():
+                t.exception()  # retrieved, so a run's failure is not reported again at exit
 
     async def _beat(self) -> None:
-        while True:
+        while not self._stopped:
             for name in self.nodes:
                 if name in self.silent:
                     continue
@@ -107,7 +128,7 @@ class Fleet:
 
     async def _take(self) -> None:
         decoder = msgspec.json.Decoder(StartAttempt | StopAttempt)
-        while True:
+        while not self._stopped and not self.nc.is_closed:
             try:
                 msgs = await self.sub.fetch(64, timeout=0.2)
             except Exception:
@@ -130,7 +151,13 @@ class Fleet:
         if message.attempt in self._seen:
             return  # a redelivery: an agent is idempotent on the attempt name
         self._seen.add(message.attempt)
-        same = [a for a in self.running.values() if a.job == message.job and a.index == message.index]
+        same = [
+            a
+            for a in self.running.values()
+            if a.job == message.job
+            and a.index == message.index
+            and (message.gang is None or a.gang != message.gang)  # a gang's own members run together
+        ]
         if same and same[0].namespace == message.namespace:
             self.overlaps.append(f"{message.attempt} started while {same[0].attempt} runs")
         self.started.append(message)
@@ -139,6 +166,8 @@ class Fleet:
         self._runs[message.attempt] = asyncio.create_task(self._run(node, message))
 
     async def _run(self, node: str, start: StartAttempt) -> None:
+        if self.hold(start):
+            await asyncio.Event().wait()  # never starts (StopAttempt cancels this task and reports Stopped)
         await self._report(
             node,
             start,
@@ -174,6 +203,15 @@ class Fleet:
             report,
             msg_id=f"{start.attempt}:{type(report).__name__}",
         )
+
+    def lose(self, attempt: str) -> None:
+        """End a running run as Lost, as an agent that restarted under it reports (infrastructure)."""
+        start = self.running.get(attempt)
+        task = self._runs.get(attempt)
+        if start is None or task is None:
+            return
+        task.cancel()
+        self._runs[attempt] = asyncio.create_task(self._finish(start.node, start, None, "Lost"))
 
     def go_silent(self, node: str) -> None:
         """The node vanishes: no more heartbeats, and what it ran never reports again."""

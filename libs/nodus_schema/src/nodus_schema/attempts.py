@@ -2,6 +2,12 @@
 
 Infrastructure loss starts a new Attempt (counts against ``recovery.maxAttempts``); a customer failure
 (non-zero exit, OOM) counts against ``backoffLimit``.
+
+A gang (a ``distributed`` Job, ADR-0016) runs each index as a *gang attempt* of N members, one Attempt per
+member and node: ``<job>-<uid8>-<index>-a<n>-m<rank>`` (:func:`member_name`), all labelled with the gang
+attempt's name (:data:`GANG_LABEL`, ``<job>-<uid8>-<index>-a<n>``) and their rank (:data:`RANK_LABEL`).
+The members of one gang attempt share the attempt number ``n``: a gang restarts as a whole, so ``n`` counts
+gang attempts.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ from nodus_schema.wire import API_VERSION, Wire
 # Job never count for a new Job of the same name).
 JOB_LABEL = "nodus.dev/job"
 JOB_UID_LABEL = "nodus.dev/job-uid"
+# Labels on the member Attempts of a gang: the gang attempt they belong to, and the member's rank.
+GANG_LABEL = "nodus.dev/gang"
+RANK_LABEL = "nodus.dev/gang-rank"
 
 ATTEMPT_PHASES = ("Pending", "Running", "Succeeded", "Failed", "Lost", "Stopped")
 ATTEMPT_TERMINAL = ("Succeeded", "Failed", "Lost", "Stopped")
@@ -31,6 +40,12 @@ class AttemptSpec(Wire):
     rate_micros_per_hour: int
     pricebook_version: str
     gpu_variant: str | None = None
+    rank: int | None = None
+    """Gangs: the member's rank in its gang attempt, 0 to gangSize - 1 (its node rank); None otherwise."""
+    gang_size: int | None = None
+    """Gangs: how many members (nodes) the gang attempt has."""
+    master_node: str | None = None
+    """Gangs: the node of the rank-0 member, where the launcher's rendezvous listens (MASTER_ADDR)."""
 
 
 class AttemptPlacement(Wire):
@@ -52,6 +67,10 @@ class AttemptStatus(Wire):
     wall_millis: int | None = None
     units_per_second: str | None = None
     placement: AttemptPlacement | None = None
+    ended_by: str | None = None
+    """Gangs: why the scheduler ended this member's gang attempt before it finished (``AssemblyTimeout``:
+    not every member started within startupTimeout; ``GangIncomplete``: not every member was created).
+    Written before the member is told to stop, so the reason outlives a restart of the scheduler."""
 
 
 class Attempt(Wire):
@@ -77,3 +96,9 @@ def attempt_name(job: str, job_uid: str, index: int, attempt: int) -> str:
     """``<job>-<uid8>-<index>-a<n>``: the Job's uid keeps the runs of a re-created same-named Job apart
     (attempt names key the agent's records and the ledger)."""
     return f"{job}-{job_uid[:8]}-{index}-a{attempt}"
+
+
+def member_name(job: str, job_uid: str, index: int, attempt: int, rank: int) -> str:
+    """``<job>-<uid8>-<index>-a<n>-m<rank>``: one member of gang attempt ``n`` of an index; the members of one
+    gang attempt share the prefix, which is the gang attempt's name (:func:`attempt_name`)."""
+    return f"{attempt_name(job, job_uid, index, attempt)}-m{rank}"

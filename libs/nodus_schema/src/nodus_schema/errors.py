@@ -294,6 +294,15 @@ _ALL: tuple[Reason, ...] = (
         "An index lost its node more often than recovery.maxAttempts allows.",
     ),
     _r(
+        "AssemblyTimeout",
+        504,
+        "Timeout",
+        "Raise spec.distributed.startupTimeout (up to 60m) or maxAssemblyRetries, widen "
+        "spec.distributed.network, and read the members' logs for what kept them from starting.",
+        "A gang's members did not all start within spec.distributed.startupTimeout, "
+        "1 + maxAssemblyRetries times in a row.",
+    ),
+    _r(
         "NodeLost",
         503,
         "ServiceUnavailable",

@@ -39,6 +39,28 @@ class StartAttempt(BusMessage, tag="StartAttempt"):
     restore_from: str | None = None
     """The earlier Attempt of this index whose state to restore (a replacement after lost capacity, or
     a resume after a suspension); None for a first run."""
+    # Gangs (a distributed Job, ADR-0016): one StartAttempt per member; all None for a plain run. The
+    # agent turns them into the env contract's NODUS_RANK, NODUS_WORLD_SIZE, NODUS_MASTER_ADDR, ... and the
+    # launcher's own variables (MASTER_ADDR, WORLD_SIZE, RANK, ...; docs/gangs.md).
+    gang: str | None = None
+    """The gang attempt this member belongs to (``<job>-<uid8>-<index>-a<n>``), shared by its members."""
+    node_rank: int | None = None
+    """The member's rank among the gang's nodes, 0 to ``nodes`` - 1 (rank 0 is the master)."""
+    nodes: int | None = None
+    """The gang size: how many nodes (members) start together."""
+    gpus_per_node: int | None = None
+    """GPUs (and so launcher processes) per node."""
+    rank: int | None = None
+    """The global rank of this node's first process: ``node_rank`` × ``gpus_per_node``."""
+    world_size: int | None = None
+    """Processes in the whole gang: ``nodes`` × ``gpus_per_node``."""
+    master_addr: str | None = None
+    """The rank-0 member's node name: where the launcher's rendezvous (or the Ray head) listens."""
+    master_port: int | None = None
+    """The rendezvous port on the master: 29500 (torch) for most launchers, 6379 (the Ray GCS) for Ray and
+    Verl."""
+    launcher: str | None = None
+    """Plain, Torchrun, Ray, Verl, Accelerate or Deepspeed (spec.distributed.launcher)."""
 
 
 class StopAttempt(BusMessage, tag="StopAttempt"):

@@ -113,7 +113,23 @@ RESERVED_SIDECAR_NAME: Final = "main"
 """The Job's own container is "main" (logs, status); a sidecar of that name would be ambiguous."""
 
 RESERVED_ENV: Final = frozenset(
-    {"NODUS_INDEX", "JOB_COMPLETION_INDEX", "NODUS_JOB", "NODUS_NAMESPACE", "NODUS_ATTEMPT", "NODUS_REPORT"}
+    {
+        "NODUS_INDEX",
+        "JOB_COMPLETION_INDEX",
+        "NODUS_JOB",
+        "NODUS_NAMESPACE",
+        "NODUS_ATTEMPT",
+        "NODUS_REPORT",
+        # A gang member's place in the gang (docs/gangs.md); the launchers' own variables (MASTER_ADDR,
+        # RANK, ...) are set for gang Jobs only, and a Job's own value is overwritten there.
+        "NODUS_GANG",
+        "NODUS_RANK",
+        "NODUS_WORLD_SIZE",
+        "NODUS_GPUS_PER_NODE",
+        "NODUS_MASTER_ADDR",
+        "NODUS_MASTER_PORT",
+        "NODUS_LAUNCHER",
+    }
 )
 """The env contract the agent sets at run time; a user value would be silently overwritten, so it is refused.
 NODUS_PARAM_<NAME> is not reserved: it is how a Sweep's cell Job carries its parameters."""

@@ -9,7 +9,10 @@ What the program sees, from weakest to strongest (a later layer wins):
 3. the contract itself, which a job cannot override: ``NODUS_JOB``, ``NODUS_NAMESPACE``,
    ``NODUS_ATTEMPT``, ``NODUS_INDEX`` and ``JOB_COMPLETION_INDEX`` (the same number, the second for
    programs written for Kubernetes Indexed Jobs), ``NODUS_REPORT``, ``NODUS_OUTPUTS``, ``NODUS_STATE``,
-   ``NODUS_INPUTS``, ``NODUS_NODE`` and ``NODUS_OFFERING``.
+   ``NODUS_INPUTS``, ``NODUS_NODE`` and ``NODUS_OFFERING``; and for a member of a gang (a distributed
+   Job, ADR-0016) :func:`gang_env`: ``NODUS_RANK``, ``NODUS_WORLD_SIZE``, ``NODUS_MASTER_ADDR``, ... and the
+   usual variables of its launcher (``MASTER_ADDR``, ``WORLD_SIZE``, ``RANK``, ...; the table is in
+   ``docs/gangs.md``).
 
 Paths: a local process gets the attempt directory's own ``outputs/``, ``state/`` and ``inputs/``; the
 container runtime will mount those same directories at ``/nodus/outputs``, ``/nodus/state`` and
@@ -20,12 +23,15 @@ unchanged under both.
 from __future__ import annotations
 
 import os
+from typing import Final
 
 from nodus_agent.attemptdir import AttemptDir
 from nodus_agent.settings import AgentSettings
 from nodus_schema.messages import StartAttempt
 
 BASE = ("PATH", "HOME", "LANG")
+
+RAY_LAUNCHERS: Final = ("Ray", "Verl")
 
 NO_COMMAND = "a local-process runner needs spec.command; images come with the container runtime"
 
@@ -63,6 +69,82 @@ def build_env(msg: StartAttempt, adir: AttemptDir, settings: AgentSettings) -> d
         NODUS_NODE=settings.node,
         NODUS_OFFERING=settings.offering,
     )
+    env.update(gang_env(msg))
+    return env
+
+
+def gang_env(msg: StartAttempt) -> dict[str, str]:
+    """The variables of a gang member (none for a plain run): the env contract's ``NODUS_*`` for every
+    launcher, counted in members (one program per node), and the launcher's own, counted in processes
+    (one per GPU) where the launcher counts so.
+
+    | launcher | variables (besides ``NODUS_*``) |
+    |---|---|
+    | Plain | none |
+    | Torchrun | ``MASTER_ADDR``, ``MASTER_PORT``, ``NNODES``, ``NODE_RANK``, ``NPROC_PER_NODE``,
+      ``LOCAL_WORLD_SIZE``, ``WORLD_SIZE``, ``RANK``, and ``PET_NNODES``, ``PET_NODE_RANK``,
+      ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT`` (torchrun's own defaults) |
+    | Deepspeed | ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE``, ``RANK``, ``NNODES``, ``NODE_RANK``,
+      ``NPROC_PER_NODE``, ``LOCAL_WORLD_SIZE`` |
+    | Accelerate | ``MAIN_PROCESS_IP``, ``MAIN_PROCESS_PORT``, ``MACHINE_RANK``, ``NUM_MACHINES``,
+      ``NUM_PROCESSES``, ``MASTER_ADDR``, ``MASTER_PORT`` |
+    | Ray | ``RAY_ADDRESS`` (``<master>:<port>``), ``NODUS_RAY_ROLE`` (``head`` on rank 0, else ``worker``) |
+    | Verl | Ray's, and ``NNODES``, ``N_GPUS_PER_NODE`` (``trainer.nnodes``, ``trainer.n_gpus_per_node``) |
+    """
+    if msg.node_rank is None or msg.nodes is None:
+        return {}
+    node_rank, nodes = msg.node_rank, msg.nodes
+    per_node = msg.gpus_per_node or 1
+    rank = msg.rank if msg.rank is not None else node_rank * per_node
+    world = msg.world_size if msg.world_size is not None else nodes * per_node
+    addr = msg.master_addr or ""
+    port = str(msg.master_port) if msg.master_port is not None else ""
+    launcher = msg.launcher or "Plain"
+    env = {
+        "NODUS_GANG": msg.gang or "",
+        "NODUS_RANK": str(node_rank),
+        "NODUS_WORLD_SIZE": str(nodes),
+        "NODUS_GPUS_PER_NODE": str(per_node),
+        "NODUS_MASTER_ADDR": addr,
+        "NODUS_MASTER_PORT": port,
+        "NODUS_LAUNCHER": launcher,
+    }
+    torch = {
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+        "NNODES": str(nodes),
+        "NODE_RANK": str(node_rank),
+        "NPROC_PER_NODE": str(per_node),
+        "LOCAL_WORLD_SIZE": str(per_node),
+        "WORLD_SIZE": str(world),
+        "RANK": str(rank),
+    }
+    if launcher == "Torchrun":
+        env.update(torch)
+        # torchrun reads every option it is not given from PET_<OPTION>: a bare `torchrun train.py` joins.
+        env.update(
+            PET_NNODES=str(nodes),
+            PET_NODE_RANK=str(node_rank),
+            PET_NPROC_PER_NODE=str(per_node),
+            PET_MASTER_ADDR=addr,
+            PET_MASTER_PORT=port,
+        )
+    elif launcher == "Deepspeed":
+        env.update(torch)
+    elif launcher == "Accelerate":
+        env.update(
+            MAIN_PROCESS_IP=addr,
+            MAIN_PROCESS_PORT=port,
+            MACHINE_RANK=str(node_rank),
+            NUM_MACHINES=str(nodes),
+            NUM_PROCESSES=str(world),
+            MASTER_ADDR=addr,
+            MASTER_PORT=port,
+        )
+    elif launcher in RAY_LAUNCHERS:
+        env.update(RAY_ADDRESS=f"{addr}:{port}", NODUS_RAY_ROLE="head" if node_rank == 0 else "worker")
+        if launcher == "Verl":
+            env.update(NNODES=str(nodes), N_GPUS_PER_NODE=str(per_node))
     return env
 
 

@@ -8,8 +8,13 @@ when resumed, since its place is its creation time.
 
 Binding one index is: choose a node from the capacity index, reserve it there, create the Attempt
 (compare-and-set on a deterministic name), then publish its assignment. A pass chooses up to
-:data:`BATCH` indexes before it writes, then writes their Attempts together and their assignments
+:data:`BATCH` Attempts before it writes, then writes their Attempts together and their assignments
 together: the choices are in memory (reserved nodes are busy for the next choice), the writes overlap.
+
+A gang (a distributed Job, ADR-0016) binds all or nothing: its choice reserves every member's node at
+once, and its members are assigned only once every one of them was created. If one create fails, the
+members that were created are abandoned (finished by the lifecycle, never assigned) and every node is
+released; a crash between the creates leaves an incomplete gang attempt the lifecycle abandons too.
 
 Safe to kill at any line: an Attempt is created before its assignment is published, and the lifecycle
 publishes the assignment of any Attempt still Pending again (the agent and the stream's duplicate window
@@ -27,13 +32,15 @@ from typing import Final
 from nodus_kit.errors import AlreadyExists
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.caching import Cache, JobKey
-from nodus_schema.attempts import Attempt
+from nodus_schema.attempts import GANG_LABEL, Attempt
 from nodus_schema.jobs import Job
 
 log = logging.getLogger(__name__)
 
 BATCH: Final = 64
 """Indexes chosen before their Attempts are written together."""
+WRITES_IN_FLIGHT: Final = 4
+"""Batches being written at once (see Binder.bind_pass)."""
 
 
 @dataclass
@@ -51,16 +58,30 @@ class Demand:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """A node chosen for one run: the Attempt to create (not yet stored)."""
+    """A node chosen for one run: the Attempt to create (not yet stored); for a gang, every member's."""
 
     attempt: Attempt
+    members: tuple[Attempt, ...] = ()
+    """A gang's member Attempts, rank 0 (``attempt``) first: created all, or none assigned."""
+
+    @property
+    def attempts(self) -> tuple[Attempt, ...]:
+        return self.members or (self.attempt,)
 
 
-# choose(job, index, attempt_no) -> the Attempt to create (its node now reserved), or why no node fits
+# choose(job, index, attempt_no) -> the Attempt(s) to create (their nodes now reserved), or why none fits
 Chooser = Callable[[Job, int, int], "Choice | str"]
 Assigner = Callable[[Job, Attempt], Awaitable[None]]
 # release(node): a reserved node whose Attempt was not created is as busy as the store says again
 Releaser = Callable[[str], None]
+# abandon(attempt): a created member of a gang whose other members were not: finish it, never assign it
+Abandoner = Callable[[Attempt], Awaitable[None]]
+Unit = tuple[JobKey, Job, tuple[Attempt, ...]]
+"""What one choice binds: a Job's one run, or every member of one gang attempt."""
+
+
+async def _keep(_: Attempt) -> None:
+    return None
 
 
 @dataclass
@@ -70,6 +91,7 @@ class Binder:
     choose: Chooser
     assign: Assigner
     release: Releaser = lambda node: None
+    abandon: Abandoner = _keep
     on_bound: Callable[[JobKey], None] = lambda key: None
     """Called for each Job that got runs (its status changes) or whose reason for waiting changed."""
     line: dict[JobKey, Demand] = field(default_factory=dict)
@@ -77,6 +99,8 @@ class Binder:
     """Why each waiting Job's next run has no node, as of the last pass."""
     bound: int = 0
     """Runs bound since start (for the benchmark and the logs)."""
+    in_flight: set[str] = field(default_factory=set)
+    """Gang attempts whose members are being created now (the lifecycle leaves them alone meanwhile)."""
 
     def __post_init__(self) -> None:
         self._kick = asyncio.Event()
@@ -110,50 +134,93 @@ class Binder:
                 log.exception("binding pass failed; the next kick tries again")
 
     async def bind_pass(self) -> int:
-        """Bind what fits, for the whole line; the number of runs bound."""
-        total = 0
-        while True:
-            chosen = self._choose_batch()
-            if not chosen:
-                return total
-            total += await self._write(chosen)
+        """Bind what fits, for the whole line; the number of runs bound.
 
-    def _choose_batch(self) -> list[tuple[JobKey, Job, Attempt]]:
-        chosen: list[tuple[JobKey, Job, Attempt]] = []
+        Up to :data:`WRITES_IN_FLIGHT` batches are written at once: the next batch is chosen while the
+        last ones wait for their acknowledgements (each write waits for the store's fsync), which is safe
+        because every chosen node stays reserved until its Attempt is stored or released."""
+        total = 0
+        writing: set[asyncio.Task[int]] = set()
+        try:
+            while True:
+                chosen = self._choose_batch()
+                if not chosen:
+                    break
+                writing.add(asyncio.create_task(self._write(chosen)))
+                if len(writing) >= WRITES_IN_FLIGHT:
+                    done, writing = await asyncio.wait(writing, return_when=asyncio.FIRST_COMPLETED)
+                    total += sum(t.result() for t in done)
+            return total + sum(await asyncio.gather(*writing))
+        finally:
+            for task in writing:  # cancelled mid-pass (the leader stops): do not leave writers behind
+                task.cancel()
+
+    def _choose_batch(self) -> list[Unit]:
+        chosen: list[Unit] = []
+        n = 0
         for key, demand in sorted(self.line.items(), key=lambda kv: kv[1].place_in_line):
-            while demand.runs and len(chosen) < BATCH:
+            while demand.runs and n < BATCH:
                 index, attempt_no = demand.runs[0]
-                choice = self.choose(demand.job, index, attempt_no)  # reserves the node it chose
+                choice = self.choose(demand.job, index, attempt_no)  # reserves the node(s) it chose
                 if isinstance(choice, str):
                     if self.unplaced.get(key) != choice:
                         self.unplaced[key] = choice
                         self.on_bound(key)
                     break  # this Job waits; the next in line may fit what is left
                 demand.runs.pop(0)
-                chosen.append((key, demand.job, choice.attempt))
+                chosen.append((key, demand.job, choice.attempts))
+                n += len(choice.attempts)
             if not demand.runs:
                 self.line.pop(key, None)
                 self.unplaced.pop(key, None)
-            if len(chosen) >= BATCH:
+            if n >= BATCH:
                 break
         return chosen
 
-    async def _write(self, chosen: list[tuple[JobKey, Job, Attempt]]) -> int:
-        created = await asyncio.gather(*(self._create(a) for _, _, a in chosen), return_exceptions=True)
-        stored: list[tuple[JobKey, Job, Attempt]] = []
-        for (key, job, attempt), result in zip(chosen, created, strict=True):
-            if isinstance(result, Attempt):
-                self.cache.apply(result)  # write-through: the store's view now holds the node busy
-                stored.append((key, job, result))
+    async def _write(self, chosen: list[Unit]) -> int:
+        gangs = {_gang(unit) for _, _, unit in chosen if len(unit) > 1}
+        self.in_flight |= gangs
+        try:
+            return await self._write_units(chosen)
+        finally:
+            self.in_flight -= gangs
+
+    async def _write_units(self, chosen: list[Unit]) -> int:
+        flat = [a for _, _, unit in chosen for a in unit]
+        created = iter(await asyncio.gather(*(self._create(a) for a in flat), return_exceptions=True))
+        stored: list[Unit] = []
+        for key, job, unit in chosen:
+            results = [next(created) for _ in unit]
+            made = [r for r in results if isinstance(r, Attempt)]
+            for stored_attempt in made:
+                self.cache.apply(stored_attempt)  # write-through: the store's view now holds the node busy
+            for attempt, result in zip(unit, results, strict=True):
+                if isinstance(result, Attempt):
+                    continue
+                self.release(attempt.spec.node)
+                if not isinstance(result, AlreadyExists):
+                    log.error("could not create attempt %s: %s", attempt.metadata.name, result)
+            if len(made) == len(unit):
+                stored.append((key, job, tuple(made)))
                 continue
-            self.release(attempt.spec.node)
-            if not isinstance(result, AlreadyExists):
-                log.error("could not create attempt %s: %s", attempt.metadata.name, result)
-        await asyncio.gather(*(self.assign(job, a) for _, job, a in stored), return_exceptions=True)
+            # A gang is created whole or not at all: what was created is finished, never assigned.
+            for orphan in made:
+                try:
+                    await self.abandon(orphan)
+                except Exception as e:  # the lifecycle abandons an incomplete gang attempt on its own
+                    log.warning("could not abandon %s: %s", orphan.metadata.name, e)
+        await asyncio.gather(
+            *(self.assign(job, a) for _, job, unit in stored for a in unit), return_exceptions=True
+        )
         for key in {key for key, _, _ in stored}:
             self.on_bound(key)
-        self.bound += len(stored)
-        return len(stored)
+        bound = sum(len(unit) for _, _, unit in stored)
+        self.bound += bound
+        return bound
 
     async def _create(self, attempt: Attempt) -> Attempt:
         return await self.attempts.create(attempt)
+
+
+def _gang(unit: tuple[Attempt, ...]) -> str:
+    return unit[0].metadata.labels.get(GANG_LABEL, unit[0].metadata.name or "")

@@ -26,6 +26,12 @@ is a compare-and-set or carries a deterministic id. The rules (ADR-0015):
 * **queueTimeout**: a Job that waited that long for capacity with nothing running fails with
   CapacityUnavailable ("0s" waits for ever).
 * **ttlSecondsAfterFinished** deletes the Job and its Attempts that long after it finished.
+
+A distributed Job runs each index as a gang (ADR-0016, :mod:`nodus_scheduler.ganging`): N member Attempts
+placed together or not at all, in one network class; torn down and placed again when they do not all start
+within ``startupTimeout`` (up to ``maxAssemblyRetries`` times, then AssemblyTimeout); stopped together and
+started again as a new gang attempt when any member fails (``backoffLimit``) or is lost
+(``recovery.maxAttempts``: gangs count restarts). The rules above then count gang attempts, not members.
 """
 
 from __future__ import annotations
@@ -51,16 +57,29 @@ from nodus_scheduler.caching import Cache, JobKey, job_key
 from nodus_scheduler.capacity import CapacityIndex
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.eventing import publish_event
-from nodus_scheduler.placing import HEARTBEAT_GRACE, NoPlacement, place_in, rate_ceiling_of
+from nodus_scheduler.ganging import (
+    ABANDON_AFTER_S,
+    ASSEMBLY_TIMEOUT,
+    GANG_INCOMPLETE,
+    GangAttempt,
+    Shape,
+    choose_gang,
+    gang_attempts,
+    shape_of,
+)
+from nodus_scheduler.placing import HEARTBEAT_GRACE, NoPlacement, Placement, place_in, rate_ceiling_of
 from nodus_schema.attempts import (
     ATTEMPT_TERMINAL,
+    GANG_LABEL,
     JOB_LABEL,
     JOB_UID_LABEL,
+    RANK_LABEL,
     Attempt,
     AttemptPlacement,
     AttemptSpec,
     AttemptStatus,
     attempt_name,
+    member_name,
 )
 from nodus_schema.catalog import Catalog
 from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
@@ -79,7 +98,7 @@ from nodus_schema.nodes import Node
 from nodus_schema.quantities import parse_duration
 from nodus_schema.wire import API_VERSION
 
-__all__ = ["JOB_LABEL", "Lifecycle", "View", "compress", "summarize"]
+__all__ = ["JOB_LABEL", "Lifecycle", "View", "compress", "summarize", "summarize_gangs"]
 
 log = logging.getLogger(__name__)
 DEFAULT_BACKOFF_LIMIT: Final = 6
@@ -109,6 +128,11 @@ class View:
     lost: int = 0  # every lost run (onInterruption: Fail)
     tries: dict[int, int] = field(default_factory=dict)  # the highest attempt number per index
     last: dict[int, Attempt] = field(default_factory=dict)  # the latest finished run per index
+    # Gangs (a distributed Job): the entries above are per gang attempt, shown by one of its members.
+    gang: Shape | None = None
+    gangs: list[GangAttempt] = field(default_factory=list)  # every gang attempt, by index then number
+    assembly: dict[int, int] = field(default_factory=dict)  # timed-out assemblies in a row, per index
+    assembling: dict[int, tuple[int, int]] = field(default_factory=dict)  # active: (members started, size)
 
 
 def summarize(attempts: list[Attempt], min_progress_s: float = DEFAULT_MIN_PROGRESS_S) -> View:
@@ -128,6 +152,39 @@ def summarize(attempts: list[Attempt], min_progress_s: float = DEFAULT_MIN_PROGR
             v.active[i] = a
         if phase in ATTEMPT_TERMINAL:
             v.last[i] = a
+    return v
+
+
+def summarize_gangs(
+    attempts: list[Attempt], shape: Shape, min_progress_s: float = DEFAULT_MIN_PROGRESS_S
+) -> View:
+    """:func:`summarize` for a gang Job: each gang attempt counts once, by how it ended
+    (:meth:`GangAttempt.verdict`): a failure against backoffLimit, a loss against recovery.maxAttempts
+    (forgiven when the whole gang ran minProgressDuration), a timed-out assembly against
+    maxAssemblyRetries (counted in a row: a gang that assembled starts the count again)."""
+    v = View(gang=shape)
+    for g in gang_attempts(attempts, shape.nodes):
+        i = g.index
+        v.gangs.append(g)
+        v.tries[i] = max(v.tries.get(i, 0), g.number)
+        shown = g.representative()
+        verdict = g.verdict()
+        if g.assembled:
+            v.assembly[i] = 0
+        if verdict is None:
+            v.active[i] = shown
+            v.assembling[i] = (g.started, g.size)
+            continue
+        v.last[i] = shown
+        if verdict == "Succeeded":
+            v.succeeded[i] = shown
+        elif verdict == "Failed":
+            v.failures += 1
+        elif verdict == "Lost":
+            v.lost += 1
+            v.infra[i] = 0 if g.ran_for() >= min_progress_s else v.infra.get(i, 0) + 1
+        elif verdict == ASSEMBLY_TIMEOUT:
+            v.assembly[i] = v.assembly.get(i, 0) + 1
     return v
 
 
@@ -161,6 +218,7 @@ class Lifecycle:
             self._choose,
             self._assign,
             release=self._release,
+            abandon=self._abandon,
             on_bound=self._requeue,
         )
         self.requeue: Callable[[JobKey], None] = lambda key: None
@@ -280,13 +338,21 @@ class Lifecycle:
             await self._stop(
                 attempts, halt, checkpoint=halt == "Suspended" and _continuity(job) == "Checkpointed"
             )
-        view = summarize(attempts, _min_progress_s(job))
+        shape = shape_of(job.spec)
+        if shape is None:
+            view = summarize(attempts, _min_progress_s(job))
+        else:
+            if await self._tend_gangs(job, shape, attempts, now, halted=halt is not None):
+                attempts = [
+                    a for a in self.cache.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid
+                ]
+            view = summarize_gangs(attempts, shape, _min_progress_s(job))
         await self._reassign_stuck(job, view, now)
         runs = self._wanted(job, view, halt)
         self.binder.want(key, Demand(job, runs))
         status = self._status(job, view, self.binder.unplaced.get(key) if runs else None, now)
         await self._write_status(job, status)
-        return _next_check(job, status, now)
+        return _next_check(job, status, now, _gang_check(view, now))
 
     def _wanted(self, job: Job, view: View, halt: str | None) -> list[tuple[int, int]]:
         """(index, attempt number) of the runs to start now, up to parallelism; none when halted."""
@@ -296,12 +362,24 @@ class Lifecycle:
         max_attempts = _max_attempts(job)
         if any(n >= max_attempts for i, n in view.infra.items() if i not in view.succeeded):
             return []  # an index used up its replacements: the Job fails (see _phase)
+        if _assembly_exhausted(view):
+            return []  # an index's gang never assembled, 1 + maxAssemblyRetries times: the Job fails
         free = (spec.parallelism or 1) - len(view.active)
         todo = [i for i in range(spec.completions or 1) if i not in view.succeeded and i not in view.active]
         return [(i, view.tries.get(i, 0) + 1) for i in todo[: max(free, 0)]]
 
     async def _reassign_stuck(self, job: Job, view: View, now: datetime) -> None:
-        for a in view.active.values():
+        stuck = list(view.active.values())
+        if view.gang is not None:
+            # Every Pending member of a whole, healthy gang attempt; never one of an incomplete or broken one.
+            shape, busy = view.gang, self.binder.in_flight
+            stuck = [
+                a
+                for g in view.gangs
+                if g.active and g.complete and g.trouble(now, shape, busy) is None
+                for a in g.ranked
+            ]
+        for a in stuck:
             created = a.metadata.creation_timestamp
             if (
                 a.status.phase == "Pending"
@@ -310,56 +388,222 @@ class Lifecycle:
             ):
                 await self._assign(job, a)
 
+    # -- gangs ---------------------------------------------------------------------------------------
+    async def _tend_gangs(
+        self, job: Job, shape: Shape, attempts: list[Attempt], now: datetime, *, halted: bool = False
+    ) -> bool:
+        """Tear down every gang attempt that cannot go on (ADR-0016): incomplete ones are finished here
+        (never assigned, nothing runs); timed-out assemblies are marked AssemblyTimeout, then stopped; a gang
+        with a failed, lost or stopped member has the others stopped (GangRestart). The next gang attempt
+        starts once every member has finished. A halted Job (suspended, cancelled, past its timeout) has had
+        every member stopped already: only incomplete gang attempts are left to finish. Whether the store
+        changed."""
+        changed = False
+        for g in gang_attempts(attempts, shape.nodes):
+            trouble = g.trouble(now, shape, self.binder.in_flight)
+            if trouble is None or (halted and trouble != GANG_INCOMPLETE):
+                continue
+            live = [a for a in g.ranked if a.status.phase not in ATTEMPT_TERMINAL]
+            if trouble == GANG_INCOMPLETE:
+                for a in live:
+                    await self._abandon(a)
+                changed = True
+                message = f"gang attempt {g.name}: {len(g.members)}/{g.size} members were created; abandoned"
+            elif trouble == ASSEMBLY_TIMEOUT:
+                for a in live:
+                    await self._end(a, ASSEMBLY_TIMEOUT)
+                changed = True
+                await self._stop(live, ASSEMBLY_TIMEOUT)
+                message = (
+                    f"gang attempt {g.name}: {g.started}/{g.size} members started within startupTimeout "
+                    f"{shape.startup_timeout}; stopping it to place it again"
+                )
+            else:
+                await self._stop(live, trouble)
+                message = f"gang attempt {g.name}: {g.describe()}; stopping the gang to start it again"
+            await publish_event(
+                self.nc, job, trouble, message, severity="Warning", once=f"{g.name}:{trouble}"
+            )
+        return changed
+
+    async def _end(self, a: Attempt, why: str) -> None:
+        """Mark a member with why its gang attempt ends (before it is told to stop), if it still runs."""
+
+        def change(current: Attempt) -> Attempt | None:
+            if current.status.phase in ATTEMPT_TERMINAL or current.status.ended_by:
+                return None
+            return msgspec.structs.replace(
+                current, status=msgspec.structs.replace(current.status, ended_by=why)
+            )
+
+        with contextlib.suppress(NotFound):
+            self.cache.apply(await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", change))
+
+    async def _abandon(self, a: Attempt) -> None:
+        """Finish a member of a gang attempt that was never created whole: it was never assigned, so it
+        never ran, and the scheduler records it Stopped itself (the binder and _tend_gangs call this)."""
+
+        def change(current: Attempt) -> Attempt | None:
+            if current.status.phase in ATTEMPT_TERMINAL:
+                return None
+            return msgspec.structs.replace(
+                current,
+                status=msgspec.structs.replace(
+                    current.status,
+                    phase="Stopped",
+                    reason=GANG_INCOMPLETE,
+                    ended_by=GANG_INCOMPLETE,
+                    finish_time=now_rfc3339(),
+                    message="the other members of its gang attempt were never created; it never ran",
+                ),
+            )
+
+        with contextlib.suppress(NotFound):
+            self.cache.apply(await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", change))
+
+    def _gang_of(self, job: Job, index: int, number: int) -> GangAttempt | None:
+        """Gang attempt ``number`` of ``index``, as the cache holds it."""
+        meta = job.metadata
+        key = (meta.namespace or "", meta.name or "")
+        mine = [
+            a
+            for a in self.cache.attempts_of(key)
+            if a.metadata.labels.get(JOB_UID_LABEL) == meta.uid and a.spec.index == index
+        ]
+        shape = shape_of(job.spec)
+        found = [g for g in gang_attempts(mine, shape.nodes if shape else 1) if g.number == number]
+        return found[0] if found else None
+
+    def _gang_restore(self, job: Job, attempt: Attempt) -> str | None:
+        """The member whose state this one restores: the same rank of the latest earlier gang attempt of its
+        index that assembled (a gang that never assembled never took a checkpoint)."""
+        meta = job.metadata
+        key = (meta.namespace or "", meta.name or "")
+        mine = [
+            a
+            for a in self.cache.attempts_of(key)
+            if a.metadata.labels.get(JOB_UID_LABEL) == meta.uid and a.spec.index == attempt.spec.index
+        ]
+        earlier = [
+            g for g in gang_attempts(mine, attempt.spec.gang_size or 1) if g.number < attempt.spec.attempt
+        ]
+        for g in reversed(earlier):
+            if g.assembled:
+                member = g.members.get(attempt.spec.rank or 0)
+                return member.metadata.name if member is not None else None
+        return None
+
     # -- placing (called by the binder) ----------------------------------------------------------------
     def _choose(self, job: Job, index: int, attempt_no: int) -> Choice | str:
         # At the price book the Job was admitted under; a create bound to a dry-run's estimate is never
         # placed above its rate + 10 % (ADR-031).
         book = catalog_for(job, self.catalog)
+        shape = shape_of(job.spec)
+        if shape is not None:
+            return self._choose_gang(job, shape, book, index, attempt_no)
         choice = place_in(self.capacity, job.spec, book, ceiling_micros=rate_ceiling_of(job.metadata))
         if isinstance(choice, NoPlacement):
             return choice.message
         self.capacity.mark_busy(choice.node.metadata.name or "")  # reserved until created or released
-        meta, offering = job.metadata, choice.offering
+        meta = job.metadata
         previous = self.cache.attempts.get(
             (meta.namespace or "", attempt_name(meta.name or "", meta.uid or "", index, attempt_no - 1))
         )
+        name = attempt_name(meta.name or "", meta.uid or "", index, attempt_no)
         return Choice(
-            Attempt(
-                metadata=ObjectMeta(
-                    name=attempt_name(meta.name or "", meta.uid or "", index, attempt_no),
-                    namespace=meta.namespace,
-                    labels={JOB_LABEL: meta.name or "", JOB_UID_LABEL: meta.uid or ""},
-                    owner_references=[
-                        OwnerReference(
-                            api_version=API_VERSION,
-                            kind="Job",
-                            name=meta.name or "",
-                            uid=meta.uid or "",
-                            controller=True,
-                        )
-                    ],
-                ),
-                spec=AttemptSpec(
-                    job=meta.name or "",
-                    index=index,
-                    attempt=attempt_no,
-                    node=choice.node.metadata.name or "",
+            self._new_attempt(job, index, attempt_no, choice, name, _explain(choice.explain, previous))
+        )
+
+    def _choose_gang(
+        self, job: Job, shape: Shape, book: Catalog, index: int, attempt_no: int
+    ) -> Choice | str:
+        """Every member of gang attempt ``attempt_no`` of ``index``, their nodes reserved (ganging.py)."""
+        picked = choose_gang(
+            self.capacity,
+            job.spec,
+            book,
+            shape,
+            release=self._release,
+            ceiling_micros=rate_ceiling_of(job.metadata),
+        )
+        if isinstance(picked, str):
+            return picked
+        meta = job.metadata
+        gang = attempt_name(meta.name or "", meta.uid or "", index, attempt_no)
+        master = picked[0].node.metadata.name or ""
+        previous = self._gang_of(job, index, attempt_no - 1) if attempt_no > 1 else None
+        replaces = f"; replaces {previous.name} ({previous.verdict() or 'unfinished'})" if previous else ""
+        members = tuple(
+            self._new_attempt(
+                job,
+                index,
+                attempt_no,
+                p,
+                member_name(meta.name or "", meta.uid or "", index, attempt_no, rank),
+                f"gang {gang} member {rank} of {len(picked)} ({shape.network}, master {master}): "
+                f"{p.explain}{replaces}",
+                labels={GANG_LABEL: gang, RANK_LABEL: str(rank)},
+                rank=rank,
+                gang_size=len(picked),
+                master_node=master,
+            )
+            for rank, p in enumerate(picked)
+        )
+        return Choice(members[0], members=members)
+
+    def _new_attempt(
+        self,
+        job: Job,
+        index: int,
+        attempt_no: int,
+        choice: Placement,
+        name: str,
+        explain: str,
+        *,
+        labels: dict[str, str] | None = None,
+        rank: int | None = None,
+        gang_size: int | None = None,
+        master_node: str | None = None,
+    ) -> Attempt:
+        meta, offering = job.metadata, choice.offering
+        return Attempt(
+            metadata=ObjectMeta(
+                name=name,
+                namespace=meta.namespace,
+                labels={JOB_LABEL: meta.name or "", JOB_UID_LABEL: meta.uid or "", **(labels or {})},
+                owner_references=[
+                    OwnerReference(
+                        api_version=API_VERSION,
+                        kind="Job",
+                        name=meta.name or "",
+                        uid=meta.uid or "",
+                        controller=True,
+                    )
+                ],
+            ),
+            spec=AttemptSpec(
+                job=meta.name or "",
+                index=index,
+                attempt=attempt_no,
+                node=choice.node.metadata.name or "",
+                offering=offering.id,
+                region_class=offering.region_class,
+                rate_micros_per_hour=choice.rate_micros_per_hour,
+                pricebook_version=choice.pricebook_version,
+                gpu_variant=offering.variant,
+                rank=rank,
+                gang_size=gang_size,
+                master_node=master_node,
+            ),
+            status=AttemptStatus(
+                phase="Pending",
+                placement=AttemptPlacement(
                     offering=offering.id,
                     region_class=offering.region_class,
-                    rate_micros_per_hour=choice.rate_micros_per_hour,
-                    pricebook_version=choice.pricebook_version,
-                    gpu_variant=offering.variant,
+                    interruptible=choice.interruptible,
+                    explain=explain,
                 ),
-                status=AttemptStatus(
-                    phase="Pending",
-                    placement=AttemptPlacement(
-                        offering=offering.id,
-                        region_class=offering.region_class,
-                        interruptible=choice.interruptible,
-                        explain=_explain(choice.explain, previous),
-                    ),
-                ),
-            )
+            ),
         )
 
     async def _assign(self, job: Job, attempt: Attempt) -> None:
@@ -368,7 +612,8 @@ class Lifecycle:
         # The agent enforces what is left of the Job's timeout on this run (the Job's clock, not the run's).
         timeout = None if left is None else max(1, math.ceil(left))
         continuity = _continuity(job)
-        previous = _previous_run(self.cache, attempt)
+        gang = attempt.spec.rank is not None
+        previous = self._gang_restore(job, attempt) if gang else _previous_run(self.cache, attempt)
         message = StartAttempt(
             namespace=attempt.metadata.namespace or "",
             job=job.metadata.name or "",
@@ -386,13 +631,23 @@ class Lifecycle:
             continuity=continuity,
             restore_from=previous if continuity in ("Checkpointed", "Restartable") else None,
         )
+        if gang:
+            message = self._with_gang(job, attempt, message)
         await messaging.publish(
             self.js,
             f"nodus.assign.{attempt.spec.node}",
             message,
             msg_id=f"{attempt.metadata.namespace}/{attempt.metadata.name}:start",
         )
-        if attempt.spec.attempt == 1 or previous is not None:
+        if gang:
+            await publish_event(
+                self.nc,
+                attempt,
+                "Placed",
+                f"index {attempt.spec.index} gang attempt {attempt.spec.attempt} member {attempt.spec.rank} "
+                f"of {attempt.spec.gang_size} placed on {attempt.spec.node} ({attempt.spec.offering})",
+            )
+        elif attempt.spec.attempt == 1 or previous is not None:
             await publish_event(
                 self.nc,
                 attempt,
@@ -400,6 +655,27 @@ class Lifecycle:
                 f"index {attempt.spec.index} run {attempt.spec.attempt} placed on {attempt.spec.node} "
                 f"({attempt.spec.offering})",
             )
+
+    def _with_gang(self, job: Job, attempt: Attempt, message: StartAttempt) -> StartAttempt:
+        """The launcher's view of the gang: ranks, sizes, the master's address and port (ADR-0016)."""
+        spec = attempt.spec
+        shape = shape_of(job.spec) or Shape(nodes=spec.gang_size or 1, gpus_per_node=None)
+        offering = catalog_for(job, self.catalog).offering(spec.offering)
+        per_node = shape.gpus_per_node or (offering.gpus_per_node if offering is not None else None) or 1
+        nodes = spec.gang_size or shape.nodes
+        rank = spec.rank or 0
+        return msgspec.structs.replace(
+            message,
+            gang=attempt.metadata.labels.get(GANG_LABEL),
+            node_rank=rank,
+            nodes=nodes,
+            gpus_per_node=per_node,
+            rank=rank * per_node,
+            world_size=nodes * per_node,
+            master_addr=spec.master_node,
+            master_port=shape.master_port,
+            launcher=shape.launcher,
+        )
 
     async def _stop(self, attempts: list[Attempt], reason: str, *, checkpoint: bool = False) -> None:
         for a in attempts:
@@ -474,6 +750,13 @@ class Lifecycle:
             observed_generation=job.metadata.generation,
         )
         status = pin_pricebook(status, self.catalog)  # placed and priced at this version from now on
+        if view.gang is not None and not status.topology and view.gangs:
+            # "<nodes>x<gpusPerNode>", once the gang is placed (unless resolved at admission).
+            placed = view.gangs[0].ranked[0].spec.offering
+            offering = catalog_for(job, self.catalog).offering(placed)
+            status = msgspec.structs.replace(
+                status, topology=view.gang.topology(offering.gpus_per_node if offering else None)
+            )
         if view.tries and not status.start_time:
             status = msgspec.structs.replace(status, start_time=format_time(now))
         status = _track_suspension(job, status, conditions, now)
@@ -672,13 +955,28 @@ def _phase(
         return "Succeeded", "Completed", f"{completions}/{completions} indexes succeeded"
     if _interrupted_fail(job, view) and not active:
         return "Failed", "CapacityLost", "a run lost its capacity and recovery.onInterruption is Fail"
+    gang = view.gang
+    if gang is not None and _assembly_exhausted(view) and not active:
+        i = next(i for i, n in sorted(view.assembly.items()) if n > gang.max_assembly_retries)
+        return (
+            "Failed",
+            "AssemblyTimeout",
+            f"index {i}'s gang of {gang.nodes} nodes did not assemble within startupTimeout "
+            f"{gang.startup_timeout}, {view.assembly[i]} times in a row "
+            f"(1 + maxAssemblyRetries {gang.max_assembly_retries})",
+        )
     max_attempts = _max_attempts(job)
     exhausted = [i for i, n in view.infra.items() if n >= max_attempts and i not in view.succeeded]
     if exhausted and not active:
+        what = (
+            f"index {exhausted[0]}'s gang lost a member"
+            if gang is not None
+            else f"index {exhausted[0]} lost its capacity"
+        )
         return (
             "Failed",
             "CapacityLost",
-            f"index {exhausted[0]} lost its capacity {max_attempts} times in a row (recovery.maxAttempts)",
+            f"{what} {max_attempts} times in a row (recovery.maxAttempts)",
         )
     if spec.state == "Suspended":
         if not active:
@@ -687,6 +985,15 @@ def _phase(
     if any(a.status.phase == "Running" for a in view.active.values()):
         return "Running", None, f"{active} running, {len(view.succeeded)}/{completions} succeeded"
     if active:
+        if gang is not None:
+            started = sum(n for n, _ in view.assembling.values())
+            size = sum(n for _, n in view.assembling.values())
+            return (
+                "Provisioning",
+                None,
+                f"{'a gang' if active == 1 else f'{active} gangs'} of {gang.nodes} assembling: "
+                f"{started}/{size} members started",
+            )
         return "Provisioning", None, f"{active} starting"
     limit = _queue_timeout_s(job)
     waited = _queue_waited(conditions, job, now)
@@ -697,12 +1004,15 @@ def _phase(
     return "Queued", "Unschedulable" if unplaced else None, unplaced or "waiting for capacity"
 
 
-def _next_check(job: Job, status: JobStatus, now: datetime) -> float | None:
-    """When to look again without an event: a deadline, a queue timeout, a TTL, else the safety net."""
+def _next_check(job: Job, status: JobStatus, now: datetime, gang: float | None = None) -> float | None:
+    """When to look again without an event: a deadline, a queue timeout, a TTL, a gang's assembly budget,
+    else the safety net."""
     if status.phase in TERMINAL_PHASES:
         ttl = job.spec.ttl_seconds_after_finished
         return float(ttl) if ttl is not None else None
     checks = [RECHECK_S]
+    if gang is not None:
+        checks.append(max(gang, 0.05))
     left = _deadline_left(msgspec.structs.replace(job, status=status), now)
     if left is not None:
         checks.append(max(left, 0.05))
@@ -710,6 +1020,35 @@ def _next_check(job: Job, status: JobStatus, now: datetime) -> float | None:
     if status.phase == "Queued" and limit is not None:
         checks.append(max(limit - _queue_waited(status.conditions, job, now), 0.05))
     return min(checks)
+
+
+def _assembly_exhausted(view: View) -> bool:
+    """An index's gang timed out assembling 1 + maxAssemblyRetries times in a row."""
+    gang = view.gang
+    return gang is not None and any(
+        n > gang.max_assembly_retries for i, n in view.assembly.items() if i not in view.succeeded
+    )
+
+
+def _gang_check(view: View, now: datetime) -> float | None:
+    """Seconds until a gang attempt of the view must be judged again without an event: the end of an
+    assembly's budget, or the moment an incomplete gang attempt is abandoned."""
+    shape = view.gang
+    if shape is None:
+        return None
+    times: list[datetime] = []
+    for g in view.gangs:
+        created = g.created
+        if not g.active or created is None:
+            continue
+        if not g.complete:
+            times.append(created + timedelta(seconds=ABANDON_AFTER_S))
+        elif any(a.status.phase == "Pending" for a in g.members.values()):
+            deadline = g.deadline(shape)
+            if deadline is not None:
+                times.append(deadline)
+            times.append(created + timedelta(seconds=REASSIGN_AFTER_S))
+    return min((t - now).total_seconds() for t in times) if times else None
 
 
 def _lost(a: Attempt) -> Attempt | None:
