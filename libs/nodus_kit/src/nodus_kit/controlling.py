@@ -52,6 +52,7 @@ class Controller:
     sources: list[Source]
     workers: int = 4
     resync_s: float = 30.0
+    stop_grace_s: float = 5.0
     queue: WorkQueue[Key] = field(default_factory=WorkQueue)
 
     def __post_init__(self) -> None:
@@ -76,6 +77,11 @@ class Controller:
             for t in self._tasks:
                 t.cancel()
             await self.queue.shut_down()
+            # In-flight reconciles may finish (they are safe to kill at any line, but a finished one
+            # leaves less to redo); past the grace they are cancelled, so a stop never hangs on one.
+            _, late = await asyncio.wait(workers, timeout=self.stop_grace_s) if workers else (set(), set())
+            for t in late:
+                t.cancel()
             await asyncio.gather(*self._tasks, *workers, return_exceptions=True)
 
     async def stop(self) -> None:

@@ -196,10 +196,15 @@ class Service:
             log.info("service stopping")
             await self.stop()
             await self.health.stop()
+            # Drain flushes what was published and lets subscriptions finish what they hold; bounded, so
+            # a subscription nobody reads any more (a cancelled watch) cannot hold the exit up.
             with contextlib.suppress(Exception):
-                await self.nc.drain()
+                await asyncio.wait_for(self.nc.drain(), DRAIN_TIMEOUT_S)
+            with contextlib.suppress(Exception):
+                await self.nc.close()
 
 
+DRAIN_TIMEOUT_S = 5.0
 GC_THRESHOLDS = (10_000, 50, 100)
 """Python's defaults (2,000 / 10 / 10 in 3.11) run a young collection every 2,000 allocations; a service
 that builds a few hundred objects per request (an HTTP request, a decoded spec, a NATS message) then

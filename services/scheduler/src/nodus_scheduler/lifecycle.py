@@ -50,7 +50,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_kit import messaging
-from nodus_kit.errors import NotFound
+from nodus_kit.errors import NotFound, TemporaryError
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.binding import Binder, Choice, Demand
 from nodus_scheduler.caching import Cache, JobKey, job_key
@@ -106,6 +106,8 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 DEFAULT_MIN_PROGRESS_S: Final = 120.0
 RECHECK_S: Final = 10.0
 """Even with no event, look at every unfinished Job this often (a safety net, not the trigger)."""
+SYNC_WAIT_S: Final = 10.0
+"""How long a reconcile waits for the cache's first list before it is retried later."""
 REASSIGN_AFTER_S: Final = 5.0
 """A run still Pending this long after its Attempt was created gets its assignment published again."""
 NODE_CHECK_S: Final = 2.0
@@ -312,7 +314,11 @@ class Lifecycle:
 
     # -- reconcile -----------------------------------------------------------------------------------
     async def reconcile(self, key: tuple[str, str]) -> float | None:
-        await self.cache.synced.wait()
+        if not self.cache.synced.is_set():
+            try:
+                await asyncio.wait_for(self.cache.synced.wait(), SYNC_WAIT_S)
+            except TimeoutError:
+                raise TemporaryError("the cache has not listed the store yet", delay=1.0) from None
         ns, name = key
         named = self.cache.attempts_of(key)
         try:
