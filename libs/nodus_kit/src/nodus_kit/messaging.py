@@ -182,10 +182,15 @@ class Consumer(Generic[T]):
         await msg.term()
         log.error("dead-lettered: %s", reason, extra={"consumer": self.durable, "subject": msg.subject})
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 3.0) -> None:
+        """Finish the batch in hand, for at most ``grace_s``; then the loop is cancelled (what it had not
+        acked is redelivered: every handler is idempotent)."""
         self._stopping.set()
         if self._task:
-            with contextlib.suppress(asyncio.CancelledError):
+            _, late = await asyncio.wait({self._task}, timeout=grace_s)
+            if late:
+                self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         with contextlib.suppress(Exception):
             await self.sub.unsubscribe()

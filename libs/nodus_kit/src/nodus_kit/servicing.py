@@ -194,7 +194,12 @@ class Service:
             await self.stopping.wait()
         finally:
             log.info("service stopping")
-            await self.stop()
+            try:
+                await asyncio.wait_for(self.stop(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                # A stop that hangs must not keep the process alive past its orchestrator's grace; what
+                # was still running is safe to kill (every controller is), and its stacks say why.
+                log.error("stop took longer than %ss; exiting anyway: %s", STOP_TIMEOUT_S, _task_stacks())
             await self.health.stop()
             # Drain flushes what was published and lets subscriptions finish what they hold; bounded, so
             # a subscription nobody reads any more (a cancelled watch) cannot hold the exit up.
@@ -204,7 +209,22 @@ class Service:
                 await self.nc.close()
 
 
-DRAIN_TIMEOUT_S = 5.0
+DRAIN_TIMEOUT_S = 3.0
+STOP_TIMEOUT_S = 7.0
+
+
+def _task_stacks() -> str:
+    """Where every other task of the loop waits: for the log line of a stop that hung."""
+    out = []
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        frames = task.get_stack(limit=3)
+        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+        out.append(f"{task.get_name()}: {where}")
+    return "; ".join(out[:40])
+
+
 GC_THRESHOLDS = (10_000, 50, 100)
 """Python's defaults (2,000 / 10 / 10 in 3.11) run a young collection every 2,000 allocations; a service
 that builds a few hundred objects per request (an HTTP request, a decoded spec, a NATS message) then
