@@ -36,6 +36,15 @@ JobKey = tuple[str, str]  # (namespace, Job name)
 Hook = Callable[[str, Any], None]  # (kind "Node" | "Attempt", object)
 
 
+async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel the tasks and wait until each has finished."""
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+
+
 def _rv(obj: Any) -> int:
     rv = obj.metadata.resource_version
     return int(rv) if rv else 0
@@ -128,11 +137,7 @@ class Cache:
         self._tasks = [asyncio.create_task(self._follow(kind), name=f"cache:{kind}") for kind in self._stores]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         self._listed.clear()
         self.synced.clear()

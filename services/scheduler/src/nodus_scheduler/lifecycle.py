@@ -53,7 +53,7 @@ from nodus_kit import messaging
 from nodus_kit.errors import NotFound, TemporaryError
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.binding import Binder, Choice, Demand
-from nodus_scheduler.caching import Cache, JobKey, job_key
+from nodus_scheduler.caching import Cache, JobKey, cancel_all, job_key
 from nodus_scheduler.capacity import CapacityIndex
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.eventing import publish_event
@@ -245,11 +245,7 @@ class Lifecycle:
         ]
 
     async def stop_leading(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         self.binder.line.clear()  # the next leader (maybe this one again) builds the line anew
 
