@@ -47,6 +47,34 @@ def epoch_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def finished(
+    record: Record,
+    namespace: str,
+    attempt: str,
+    node: str,
+    reason: str,
+    exit_code: int | None,
+    wall_millis: int,
+    message: str | None,
+    rate: Decimal | None,
+) -> Record:
+    """The record of a finished run, carrying the AttemptFinished report to send (not yet reported)."""
+    report = AttemptFinished(
+        namespace=namespace,
+        attempt=attempt,
+        node=node,
+        time=now_rfc3339(),
+        exit_code=exit_code,
+        wall_millis=wall_millis,
+        reason=reason,
+        message=message,
+        units_per_second=format_rate(rate) if rate is not None else None,
+    )
+    return msgspec.structs.replace(
+        record, phase=FINISHED, finished=report.time, exit_code=exit_code, report=report, reported=False
+    )
+
+
 @dataclass
 class Run:
     """One program this agent started and is watching."""
@@ -256,19 +284,16 @@ class Runner:
         message: str | None,
         rate: Decimal | None = None,
     ) -> None:
-        report = AttemptFinished(
-            namespace=adir.namespace,
-            attempt=adir.attempt,
-            node=self.settings.node,
-            time=now_rfc3339(),
-            exit_code=exit_code,
-            wall_millis=wall_millis,
-            reason=reason,
-            message=message,
-            units_per_second=format_rate(rate) if rate is not None else None,
-        )
-        record = msgspec.structs.replace(
-            record, phase=FINISHED, finished=report.time, exit_code=exit_code, report=report, reported=False
+        record = finished(
+            record,
+            adir.namespace,
+            adir.attempt,
+            self.settings.node,
+            reason,
+            exit_code,
+            wall_millis,
+            message,
+            rate,
         )
         adir.save(record)  # first the record, then the report: a crash in between re-sends at start
         log.info(

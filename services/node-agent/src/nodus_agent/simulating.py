@@ -64,7 +64,7 @@ from nodus_agent.attemptdir import FINISHED, RUNNING, Record
 from nodus_agent.inventory import Inventory, fake_devices
 from nodus_agent.registering import Registration
 from nodus_agent.reporting import Reporter
-from nodus_agent.running import AGENT_RESTARTED, AGENT_SHUTDOWN, STOPPED_BEFORE_START, epoch_ms
+from nodus_agent.running import AGENT_RESTARTED, AGENT_SHUTDOWN, STOPPED_BEFORE_START, epoch_ms, finished
 from nodus_agent.settings import AgentSettings
 from nodus_agent.throughput import format_rate
 from nodus_kit import tracing
@@ -73,7 +73,7 @@ from nodus_kit.messaging import DEAD_REASON, DEAD_SUBJECT, MSG_ID, backoff
 from nodus_kit.servicing import Check, Service
 from nodus_kit.servicing import main as run_service
 from nodus_kit.storing import ObjectStore
-from nodus_schema.messages import Assignment, AttemptFinished, StartAttempt, StopAttempt
+from nodus_schema.messages import Assignment, StartAttempt, StopAttempt
 from nodus_schema.meta import now_rfc3339
 from nodus_schema.nodes import Node
 
@@ -1013,20 +1013,7 @@ class SimulatedFleet:
         message: str | None,
         rate: Decimal | None,
     ) -> None:
-        report = AttemptFinished(
-            namespace=key[0],
-            attempt=key[1],
-            node=node,
-            time=now_rfc3339(),
-            exit_code=exit_code,
-            wall_millis=wall_millis,
-            reason=reason,
-            message=message,
-            units_per_second=format_rate(rate) if rate is not None else None,
-        )
-        record = msgspec.structs.replace(
-            record, phase=FINISHED, finished=report.time, exit_code=exit_code, report=report, reported=False
-        )
+        record = finished(record, key[0], key[1], node, reason, exit_code, wall_millis, message, rate)
         self.journal.append(Entry(namespace=key[0], attempt=key[1], node=node, record=record))
         self.known[key] = Known(node, record)
         self.stats[f"finished:{reason}"] += 1
