@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
+from nodus_kit import replying
 from nodus_kit.errors import AlreadyExists, Conflict, Expired, NotFound
 from nodus_kit.selecting import Selector
 from nodus_schema.meta import now_rfc3339
@@ -98,7 +99,7 @@ async def _js_publish(nc: NATS, subject: str, data: bytes, headers: dict[str, st
     (with this, ObjectStore.create went from ~67% to ~90% of a raw ``kv.put`` in bench/store_bench.py).
     Errors are nats-py's own."""
     try:
-        msg = await nc.request(subject, data, timeout=timeout, headers=headers)
+        msg = await replying.request(nc, subject, data, timeout=timeout, headers=headers)
     except NoRespondersError:
         raise NoStreamResponseError from None
     ack = _pub_ack.decode(msg.data)

@@ -11,13 +11,14 @@ from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from nodus_gateway.admin import admin_router
 from nodus_gateway.auth import BearerAuth
 from nodus_gateway.clusterrouting import cluster_router
 from nodus_gateway.config import MAX_BODY_BYTES
 from nodus_gateway.discovery import discovery_router
-from nodus_gateway.dispatching import accelerate
+from nodus_gateway.dispatching import GatewayApp, accelerate
 from nodus_gateway.openapi import openapi_router
 from nodus_gateway.principals import Principals
 from nodus_gateway.requesting import RequestContext
@@ -48,7 +49,7 @@ def build_app(
     the projects and tokens endpoints are not served."""
     # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
     # Kubernetes' shape, which the full API serves with discovery.
-    app = FastAPI(title="Nodus API", version=VERSION, openapi_url=None, docs_url=None, redoc_url=None)
+    app = GatewayApp(title="Nodus API", version=VERSION, openapi_url=None, docs_url=None, redoc_url=None)
     routers = [
         system_router(ready),
         discovery_router(),
@@ -72,6 +73,13 @@ def build_app(
     # Added last runs first: the request context wraps authentication, so a 401 has its request id too.
     app.add_middleware(BearerAuth, token=admin_token, principals=principals)
     app.add_middleware(RequestContext)
+
+    # The lane of routes with direct handlers (dispatching.GatewayApp): the same middlewares, in the
+    # same order, around the handler alone.
+    def wrap(inner: ASGIApp) -> ASGIApp:
+        return RequestContext(BearerAuth(TableResponses(inner), token=admin_token, principals=principals))
+
+    app.open_lane(wrap)
     return app
 
 

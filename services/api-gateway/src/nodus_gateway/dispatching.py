@@ -15,6 +15,14 @@ Two costs of FastAPI showed up as a third of the gateway's CPU per create (``ben
   FastAPI's own ``RequestValidationError`` with the same locations and messages, so the app's handler
   answers them exactly as before. Any other route keeps FastAPI's handler.
 
+* **The layers around a route**: FastAPI wraps every request in ten ASGI layers (its telemetry check,
+  Starlette's error and exception middlewares, two exit stacks, the router, the route, the request-response
+  adapter), each a call and most a wrapper around ``send``. :class:`GatewayApp` gives a request whose route
+  has a direct handler a lane of its own: the app's middlewares (request context, authentication, Tables:
+  the same classes with the same settings), then the handler, its exceptions answered by the app's own
+  exception handlers. Anything else (no route, a 405, a route FastAPI keeps, FastAPI's telemetry switched
+  on, a test's dependency overrides) takes FastAPI's full path, so the answers are the same either way.
+
 The route table itself is untouched: discovery and the OpenAPI documents still read it.
 """
 
@@ -41,6 +49,7 @@ except ImportError:  # pragma: no cover - older FastAPI
     _route_selected = None
 
 _ANY: Final = "\0param"  # the index key of a last segment that is a path parameter
+FAST_ROUTE_KEY: Final = "nodus.fast_route"  # the scope key of the lane's (handler, route scope)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -309,8 +318,87 @@ def accelerate(app: FastAPI) -> int:
             continue
         plan = _plan(route.dependant) if _answers_response(route) else None
         if plan is not None:
-            route.app = request_response(_handler(plan))
+            handler = _handler(plan)
+            route.app = request_response(handler)
+            _FAST_HANDLERS[id(route)] = (route, handler)
             fast += 1
-    dispatch: ASGIApp = IndexedDispatch(app.router)
+    dispatch = IndexedDispatch(app.router)
     app.router.middleware_stack = dispatch
+    if isinstance(app, GatewayApp):
+        app.dispatch = dispatch
     return fast
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The lane
+# ---------------------------------------------------------------------------------------------------------
+
+_Handler = Callable[[Request], Awaitable[Response]]
+# Route id -> (the route, kept alive so its id is never reused; its direct handler).
+_FAST_HANDLERS: dict[int, tuple[BaseRoute, _Handler]] = {}
+_ErrorHandler = Callable[[Request, Exception], Awaitable[Response] | Response]
+
+
+class GatewayApp(FastAPI):
+    """FastAPI, with a short lane for requests whose route has a direct handler (see the module's doc).
+
+    ``wrap`` builds the lane's middlewares around an ASGI app, the same ones ``add_middleware`` gave the
+    full path: :func:`nodus_gateway.app.build_app` sets it once every middleware is added.
+    """
+
+    dispatch: IndexedDispatch | None = None
+    lane: ASGIApp | None = None
+
+    def open_lane(self, wrap: Callable[[ASGIApp], ASGIApp]) -> None:
+        self.lane = wrap(self._endpoint)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.lane is not None and scope["type"] == "http" and self._fast(scope):
+            await self.lane(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    def _fast(self, scope: Scope) -> bool:
+        """Find the route FastAPI would run; True (and the route noted in the scope) if it has a direct
+        handler and nothing asks for FastAPI's own per-request work."""
+        if self.dispatch is None or self.root_path or self.dependency_overrides:
+            return False
+        telemetry = getattr(self, "_native_telemetry", None)
+        if telemetry is not None and telemetry.enabled():
+            return False
+        candidates = self.dispatch.candidates(_route_path(scope))
+        if candidates is None:
+            return False
+        for route in candidates:
+            match, child = route.matches(scope)
+            if match == Match.FULL:
+                fast = _FAST_HANDLERS.get(id(route))
+                if fast is None or fast[0] is not route:
+                    return False
+                scope[FAST_ROUTE_KEY] = (fast[1], child)
+                return True
+        return False  # a 405 or a 404: the router's to answer
+
+    async def _endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler, child = scope.pop(FAST_ROUTE_KEY)
+        scope.update(child)
+        scope["app"] = self
+        scope.setdefault("router", self.router)
+        request = Request(scope, receive, send)
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            on_error = self._error_handler(exc)
+            if on_error is None:
+                raise  # the request context's: a logged 500 InternalError
+            answered = on_error(request, exc)
+            response = await answered if inspect.isawaitable(answered) else answered
+        await response(scope, receive, send)
+
+    def _error_handler(self, exc: Exception) -> _ErrorHandler | None:
+        # Starlette's lookup: the handler of the nearest class in the exception's MRO.
+        for cls in type(exc).__mro__:
+            found = self.exception_handlers.get(cls)
+            if found is not None:
+                return typing.cast(_ErrorHandler, found)
+        return None
