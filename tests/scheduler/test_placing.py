@@ -537,3 +537,43 @@ def test_catalog_has_the_families_and_three_region_classes(catalog: Catalog) -> 
     assert {"H100", "A100", "L4", "H200", "B200", "MI300X"} <= catalog.families()
     assert {o.region_class for o in catalog.offerings} == {"us", "eu", "asia"}
     assert isinstance(catalog.pricebooks[0], PriceBook)
+
+
+# -- drained nodes (ADR-0022): a GPU fault takes a node out of placement, with its own reason -----------
+
+
+def test_a_draining_node_is_skipped_and_counted_as_drained(catalog: Catalog) -> None:
+    nodes = [
+        node("faulty", "l4-x1-us", phase="Draining"),
+        node("faulty-and-busy", "l4-x1-us", phase="Draining"),  # still finishing its work: drained, once
+        node("down", "l4-x1-us", phase="NotReady"),
+        node("ok", "l4-x1-us"),
+    ]
+    assert placed(place(spec("L4:1"), nodes, {"faulty-and-busy"}, catalog, NOW)) == "ok"
+    got = refused(place(spec("L4:1"), nodes, {"ok", "faulty-and-busy"}, catalog, NOW))
+    assert got == "0/4 nodes: 2 drained, 1 not ready, 1 busy"
+    assert REASONS.index("above the bound rate") < REASONS.index("drained") < REASONS.index("not ready")
+
+
+def test_a_drain_and_its_end_move_the_node_in_the_index(catalog: Catalog) -> None:
+    index = CapacityIndex.of([node("l4", "l4-x1-us")], now=NOW)
+    job = spec("L4:1")
+    assert placed(place_in(index, job, catalog, NOW)) == "l4"
+    index.upsert(node("l4", "l4-x1-us", phase="Draining"), NOW)
+    assert not index.is_ready("l4")
+    assert refused(place_in(index, job, catalog, NOW)) == "0/1 nodes: 1 drained"
+    # Busy and free while drained: still drained (the counts never go below zero or double count).
+    index.mark_busy("l4")
+    index.mark_free("l4")
+    assert refused(place_in(index, job, catalog, NOW)) == "0/1 nodes: 1 drained"
+    # A drained node whose heartbeats stop stays "drained": the drain says more than the silence.
+    index.expire(NOW + timedelta(seconds=60))
+    assert refused(place_in(index, job, catalog, NOW + timedelta(seconds=60))) == "0/1 nodes: 1 drained"
+    # The agent restarted (the operator's un-drain): Ready again, and placed.
+    index.upsert(node("l4", "l4-x1-us"), NOW)
+    assert placed(place_in(index, job, catalog, NOW)) == "l4"
+    group = next(index.groups())
+    assert (group.total, group.drained, group.not_ready, group.free) == (1, 0, 0, 1)
+    index.upsert(node("l4", "l4-x1-us", phase="Draining"), NOW)
+    index.remove("l4")
+    assert (group.total, group.drained) == (0, 0)

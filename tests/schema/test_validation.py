@@ -35,9 +35,11 @@ from nodus_schema.jobs import (
     SecretMount,
     Sidecar,
     Source,
+    StageInput,
     URLInput,
     VolumeInput,
     VolumeMount,
+    WorkspaceInput,
 )
 from nodus_schema.sweeps import Sweep
 from nodus_schema.validating import (
@@ -495,16 +497,21 @@ PATTERNS = [
     ),
     (
         "workspace path absolute",
-        at("spec.inputs[4].from_workspace.path", "/etc"),
-        "spec.inputs[4].fromWorkspace.path",
+        at("spec.inputs[0]", JobInput(name="home", from_workspace=WorkspaceInput(name="alice", path="/etc"))),
+        "spec.inputs[0].fromWorkspace.path",
         INV,
     ),
     ("output input index -1", at("spec.inputs[1].output.index", -1), "spec.inputs[1].output.index", INV),
     ("output input job missing", at("spec.inputs[1].output.job", None), "spec.inputs[1].output.job", REQ),
-    ("stage missing", at("spec.inputs[5].from_stage.stage", None), "spec.inputs[5].fromStage.stage", REQ),
+    (
+        "stage missing",
+        at("spec.inputs[0]", JobInput(name="f", from_stage=StageInput(output="features"))),
+        "spec.inputs[0].fromStage.stage",
+        REQ,
+    ),
     (
         "volume input revision 0",
-        at("spec.inputs[0].volume.revision", 0),
+        at("spec.inputs[0]", JobInput(name="w", volume=VolumeInput(name="llama", revision=0))),
         "spec.inputs[0].volume.revision",
         INV,
     ),

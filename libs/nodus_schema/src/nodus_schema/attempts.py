@@ -57,6 +57,41 @@ class AttemptPlacement(Wire):
     region_class: str | None = None
 
 
+class CheckpointRecord(Wire):
+    """One checkpoint of an index, as the agent took it (docs/checkpoints.md)."""
+
+    sequence: int = 0
+    """Grows by one per checkpoint of the index, across its Attempts."""
+    uri: str | None = None
+    """``s3://<bucket>/<key>`` of the archive (tar.zst)."""
+    size_bytes: int | None = None
+    sha256: str | None = None
+    duration_millis: int | None = None
+    reason: str | None = None
+    """Interval, Suspend, Preemption, CapReached or Stop: what asked for it."""
+    paths: list[str] = msgspec.field(default_factory=list)
+    """What it covers (the policy's paths, as the program sees them)."""
+    consistent: bool | None = None
+    """True when the program said it was ready before the snapshot (the checkpoint contract)."""
+    time: str | None = None
+
+
+class OutputRecord(Wire):
+    """One output an index committed when it succeeded (docs/checkpoints.md, "Outputs")."""
+
+    name: str = ""
+    index: int | None = None
+    uri: str | None = None
+    size_bytes: int | None = None
+    sha256: str | None = None
+    archive: bool | None = None
+    """True for a directory stored as one tar.zst; a file is stored as it is."""
+    rank: int | None = None
+    """fromRanks All: the rank whose files these are."""
+    rows_loaded: int | None = None
+    """The rows a sink loaded from it, when the output has a sink."""
+
+
 class AttemptStatus(Wire):
     phase: str = "Pending"
     reason: str | None = None
@@ -71,6 +106,12 @@ class AttemptStatus(Wire):
     """Gangs: why the scheduler ended this member's gang attempt before it finished (``AssemblyTimeout``:
     not every member started within startupTimeout; ``GangIncomplete``: not every member was created).
     Written before the member is told to stop, so the reason outlives a restart of the scheduler."""
+    checkpoint: CheckpointRecord | None = None
+    """The latest checkpoint this Attempt took."""
+    restored_from: CheckpointRecord | None = None
+    """The checkpoint restored into this Attempt before its command started."""
+    outputs: list[OutputRecord] = msgspec.field(default_factory=list)
+    """What the index committed when this Attempt succeeded."""
 
 
 class Attempt(Wire):

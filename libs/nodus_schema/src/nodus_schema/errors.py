@@ -310,6 +310,14 @@ _ALL: tuple[Reason, ...] = (
         "The Attempt's node stopped heartbeating; the run is lost, not failed.",
     ),
     _r(
+        "OOMKilled",
+        422,
+        "Invalid",
+        "Raise spec.resources.memory (the container's limit), or make the program use less: smaller "
+        "batches, fewer data loader workers; the last lines of its log are in the Attempt's message.",
+        "The program was killed at its memory limit; a customer failure, counted against backoffLimit.",
+    ),
+    _r(
         "Cancelled",
         200,
         "",

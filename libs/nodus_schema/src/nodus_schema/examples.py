@@ -30,11 +30,8 @@ from nodus_schema.jobs import (
     SecretMount,
     Sidecar,
     Source,
-    StageInput,
     URLInput,
-    VolumeInput,
     VolumeMount,
-    WorkspaceInput,
 )
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.sweeps import Sweep, SweepMatrix, SweepSpec, SweepTemplate
@@ -77,12 +74,10 @@ def minimal_sweep(name: str = "lr-sweep", namespace: str = "default") -> Sweep:
 
 def _inputs() -> list[JobInput]:
     return [
-        JobInput(name="weights", volume=VolumeInput(name="llama-weights", revision=3)),
+        JobInput(name="weights", bucket=BucketInput(uri="s3://acme-data/llama/", connection="acme-s3")),
         JobInput(name="tokenizer", output=OutputInput(job="prep", name="tokenizer", index=0)),
         JobInput(name="corpus", bucket=BucketInput(uri="s3://acme-data/corpus.tar", connection="acme-s3")),
         JobInput(name="vocab", url=URLInput(url="https://example.com/vocab.txt", sha256=_DIGEST)),
-        JobInput(name="home", from_workspace=WorkspaceInput(name="alice", path="projects/llm")),
-        JobInput(name="features", from_stage=StageInput(stage="featurize", output="features")),
     ]
 
 

@@ -13,6 +13,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from nodus_schema.attempts import OutputRecord
 from nodus_schema.costs import Cost, Estimate
 from nodus_schema.gpus import GPURequest
 from nodus_schema.meta import Condition, ListMeta, ObjectMeta
@@ -518,6 +519,9 @@ class JobStatus(Wire):
     """The throughput the program reported, as a decimal string."""
     wall_seconds: int | None = None
     """Wall time from start to completion."""
+    outputs: list[OutputRecord] = msgspec.field(default_factory=list)
+    """What the indexes committed when they succeeded (where each output is stored, its size and
+    sha256), once the Job has finished."""
 
 
 class Job(Wire):

@@ -3,7 +3,8 @@ so fields can be added without breaking anyone; tagged unions where one subject 
 
 * ``nodus.assign.<node>``: :class:`StartAttempt` | :class:`StopAttempt` (scheduler -> node agent)
 * ``nodus.report.<node>.<namespace>.<attempt>``: :class:`AttemptStarted` | :class:`AttemptProgress` |
-  :class:`AttemptFinished` (node agent -> scheduler, billing)
+  :class:`AttemptFinished` | :class:`AttemptCheckpointed` (node agent -> scheduler, billing)
+* ``nodus.logs.<namespace>.<job>.<attempt>``: :class:`LogLines` (node agent -> api-gateway)
 * ``nodus.events.<namespace>.<plural>.<name>``: :class:`ObjectEvent` (every controller -> operators,
   ``nodus tail``; Kubernetes' Events, on the bus)
 """
@@ -12,7 +13,18 @@ from __future__ import annotations
 
 import msgspec
 
-from nodus_schema.jobs import EnvVar
+from nodus_schema.attempts import CheckpointRecord, OutputRecord
+from nodus_schema.jobs import (
+    CheckpointPolicy,
+    EnvVar,
+    InitCommand,
+    JobInput,
+    JobOutput,
+    Network,
+    Resources,
+    SecretMount,
+    Sidecar,
+)
 
 
 class BusMessage(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel", tag_field="type"):
@@ -61,6 +73,19 @@ class StartAttempt(BusMessage, tag="StartAttempt"):
     Verl."""
     launcher: str | None = None
     """Plain, Torchrun, Ray, Verl, Accelerate or Deepspeed (spec.distributed.launcher)."""
+    # What the agent needs of the Job's spec beyond the command (#6). Secret values are never here: only
+    # references, which the agent reads from the secrets bucket itself.
+    job_uid: str | None = None
+    """Keys the index's checkpoints and outputs, so a re-created Job of the same name starts clean."""
+    inputs: list[JobInput] = msgspec.field(default_factory=list)
+    outputs: list[JobOutput] = msgspec.field(default_factory=list)
+    checkpoint: CheckpointPolicy | None = None
+    resources: Resources | None = None
+    secrets: list[SecretMount] = msgspec.field(default_factory=list)
+    sidecars: list[Sidecar] = msgspec.field(default_factory=list)
+    init_command: InitCommand | None = None
+    network: Network | None = None
+    image_pull_secrets: list[str] = msgspec.field(default_factory=list)
 
 
 class StopAttempt(BusMessage, tag="StopAttempt"):
@@ -99,9 +124,50 @@ class AttemptFinished(BusMessage, tag="AttemptFinished"):
     """Completed, Error (non-zero exit), Stopped (asked to stop), Lost (could not run)."""
     message: str | None = None
     units_per_second: str | None = None
+    outputs: list[OutputRecord] = msgspec.field(default_factory=list)
+    """What the index committed (Completed only)."""
+    restored_from: CheckpointRecord | None = None
+    """The checkpoint the run started from, if one was restored."""
+    mean_units_per_second: str | None = None
+    """The mean of every throughput the program reported over the run (unitsPerSecond is the last)."""
 
 
-Report = AttemptStarted | AttemptProgress | AttemptFinished
+class AttemptCheckpointed(BusMessage, tag="AttemptCheckpointed"):
+    """A checkpoint was uploaded, verified and made the index's latest."""
+
+    namespace: str
+    attempt: str
+    node: str
+    checkpoint: CheckpointRecord
+
+
+Report = AttemptStarted | AttemptProgress | AttemptFinished | AttemptCheckpointed
+
+
+class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    time: str
+    """RFC 3339: the runtime's time of the line, or the time the agent read it."""
+    text: str
+    """The line without its newline, secrets masked."""
+    stream: str | None = None
+    """stdout or stderr when the runtime kept them apart; absent when they were merged."""
+
+
+class LogLines(BusMessage, tag="LogLines"):
+    """One batch of an attempt's log lines, in order, on ``nodus.logs.<ns>.<job>.<attempt>`` (node agent
+    -> api-gateway's ``jobs/<name>/log``)."""
+
+    namespace: str
+    job: str
+    attempt: str
+    index: int
+    attempt_no: int
+    node: str
+    offset: int
+    """Byte offset in the attempt's log file of the first line: batches of an attempt chain by offsets."""
+    end: int
+    """Byte offset just past the last line: the next batch starts here."""
+    lines: list[LogLine] = msgspec.field(default_factory=list)
 
 
 class ObjectEvent(BusMessage, tag="Event"):

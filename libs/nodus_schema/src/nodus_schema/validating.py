@@ -767,7 +767,16 @@ def _input_sources(inp: JobInput) -> list[str]:
     return [name for name, value in candidates if value is not None]
 
 
-_INPUT_SOURCE_NAMES = "volume, output, bucket, url, fromWorkspace or fromStage"
+_INPUT_SOURCE_NAMES = "url, bucket or output"
+"""The input kinds the node agent materialises (ADR-0020)."""
+
+_UNSUPPORTED_INPUTS: Final = {
+    "volume": "Volumes",
+    "fromWorkspace": "Workspaces",
+    "fromStage": "Pipelines",
+}
+"""Kinds the reference lists whose objects Nodus does not have yet. Refused, never dropped: a Job that ran
+without an input it asked for would fail late and cost money, or quietly compute the wrong thing."""
 
 
 def _input_source(errs: ErrorList, path: Path, inp: JobInput) -> None:
@@ -776,6 +785,14 @@ def _input_source(errs: ErrorList, path: Path, inp: JobInput) -> None:
         errs.required(path, f"Required value: exactly one of {_INPUT_SOURCE_NAMES}")
     for extra in sources[1:]:
         errs.forbidden(path.child(extra), f"an input has exactly one source, and {sources[0]} is set")
+    for kind in sources:
+        if kind in _UNSUPPORTED_INPUTS:
+            errs.forbidden(
+                path.child(kind),
+                f"{kind} inputs are not supported yet (Nodus has no {_UNSUPPORTED_INPUTS[kind]}); "
+                f"use {_INPUT_SOURCE_NAMES} instead: an https:// file, an S3 object or prefix, "
+                "or another Job's committed output",
+            )
     if inp.volume is not None:
         vp = path.child("volume")
         if _required(errs, vp.child("name"), inp.volume.name, "the Volume's name"):

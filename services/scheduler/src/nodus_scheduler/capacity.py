@@ -6,6 +6,8 @@ of the reference read is the same for all of them, so placement judges a request
 groups) instead of once per node (thousands), and counts refusals from group sizes. Inside a group a node
 is in exactly one state:
 
+* **drained**: its agent took it out of placement (phase ``Draining``, e.g. on a GPU fault, ADR-0022),
+  whatever its heartbeat says: counted apart, so "why does my Job wait" names the drain;
 * **not ready**: its phase is not Ready, it is ``unschedulable``, or its last heartbeat is older than
   :data:`HEARTBEAT_GRACE` (15 s);
 * **busy**: ready, with an unfinished Attempt on it (the scheduler marks it);
@@ -52,6 +54,7 @@ class Group:
         "_heap",
         "_in_heap",
         "busy",
+        "drained",
         "interruptible",
         "key",
         "not_ready",
@@ -66,6 +69,7 @@ class Group:
         self.offering, self.region_class, self.pool, self.interruptible = key
         self.total = 0
         self.not_ready = 0
+        self.drained = 0
         self.busy = 0
         self._free: set[str] = set()
         self._heap: list[str] = []
@@ -86,9 +90,11 @@ class Group:
             self._in_heap.discard(name)
         return None
 
-    def _add(self, name: str, ready: bool, busy: bool) -> None:
+    def _add(self, name: str, ready: bool, busy: bool, drained: bool = False) -> None:
         self.total += 1
-        if not ready:
+        if drained:
+            self.drained += 1
+        elif not ready:
             self.not_ready += 1
         elif busy:
             self.busy += 1
@@ -98,9 +104,11 @@ class Group:
                 self._in_heap.add(name)
                 heapq.heappush(self._heap, name)
 
-    def _drop(self, name: str, ready: bool, busy: bool) -> None:
+    def _drop(self, name: str, ready: bool, busy: bool, drained: bool = False) -> None:
         self.total -= 1
-        if not ready:
+        if drained:
+            self.drained -= 1
+        elif not ready:
             self.not_ready -= 1
         elif busy:
             self.busy -= 1
@@ -110,19 +118,26 @@ class Group:
     def __repr__(self) -> str:
         return (
             f"Group({self.key}, total={self.total}, free={self.free}, busy={self.busy}, "
-            f"not_ready={self.not_ready})"
+            f"not_ready={self.not_ready}, drained={self.drained})"
         )
 
 
 class _Entry:
-    __slots__ = ("alive_until", "group", "node", "ready", "schedulable")
+    __slots__ = ("alive_until", "drained", "group", "node", "ready", "schedulable")
 
-    def __init__(self, node: Node, group: Group, schedulable: bool, alive_until: float, ready: bool) -> None:
+    def __init__(
+        self, node: Node, group: Group, schedulable: bool, alive_until: float, ready: bool, drained: bool
+    ) -> None:
         self.node = node
         self.group = group
         self.schedulable = schedulable
         self.alive_until = alive_until
         self.ready = ready
+        self.drained = drained
+
+
+DRAINING: Final = "Draining"
+"""The phase a node agent gives its node to take it out of placement (a GPU fault); it keeps beating."""
 
 
 def key_of(node: Node) -> GroupKey:
@@ -198,19 +213,20 @@ class CapacityIndex:
         name = node.metadata.name or ""
         spec = node.spec
         schedulable = node.status.phase == "Ready" and not spec.unschedulable
+        drained = node.status.phase == DRAINING
         alive_until = _alive_until(node, self._grace_s)
         ready = schedulable and alive_until >= _ts(now)
         group = self._group(key_of(node))
         busy = name in self._busy
         entry = self._entries.get(name)
         if entry is None:
-            entry = _Entry(node, group, schedulable, alive_until, ready)
+            entry = _Entry(node, group, schedulable, alive_until, ready, drained)
             self._entries[name] = entry
         else:
-            entry.group._drop(name, entry.ready, busy)
+            entry.group._drop(name, entry.ready, busy, entry.drained)
             entry.node, entry.group, entry.schedulable, entry.ready = node, group, schedulable, ready
-            entry.alive_until = alive_until
-        group._add(name, ready, busy)
+            entry.alive_until, entry.drained = alive_until, drained
+        group._add(name, ready, busy, drained)
         if ready:
             heapq.heappush(self._deadlines, (alive_until, name))
             if len(self._deadlines) > 4 * len(self._entries) + 1024:
@@ -220,7 +236,7 @@ class CapacityIndex:
         """Forget a node (its record was deleted). Its busy mark stays until :meth:`mark_free`."""
         entry = self._entries.pop(name, None)
         if entry is not None:
-            entry.group._drop(name, entry.ready, name in self._busy)
+            entry.group._drop(name, entry.ready, name in self._busy, entry.drained)
 
     def mark_busy(self, name: str) -> None:
         """An unfinished Attempt is on ``name`` (known or not yet)."""
@@ -228,8 +244,8 @@ class CapacityIndex:
             return
         entry = self._entries.get(name)
         if entry is not None:
-            entry.group._drop(name, entry.ready, False)
-            entry.group._add(name, entry.ready, True)
+            entry.group._drop(name, entry.ready, False, entry.drained)
+            entry.group._add(name, entry.ready, True, entry.drained)
         self._busy.add(name)
 
     def mark_free(self, name: str) -> None:
@@ -239,8 +255,8 @@ class CapacityIndex:
         self._busy.discard(name)
         entry = self._entries.get(name)
         if entry is not None:
-            entry.group._drop(name, entry.ready, True)
-            entry.group._add(name, entry.ready, False)
+            entry.group._drop(name, entry.ready, True, entry.drained)
+            entry.group._add(name, entry.ready, False, entry.drained)
 
     def set_busy(self, names: Iterable[str]) -> None:
         """Make exactly ``names`` busy (a resync from the list of unfinished Attempts)."""

@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -78,11 +78,12 @@ from nodus_schema.attempts import (
     AttemptPlacement,
     AttemptSpec,
     AttemptStatus,
+    OutputRecord,
     attempt_name,
     member_name,
 )
 from nodus_schema.catalog import Catalog
-from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
+from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus, Resources, SecretMount
 from nodus_schema.messages import StartAttempt, StopAttempt
 from nodus_schema.meta import (
     Condition,
@@ -632,6 +633,16 @@ class Lifecycle:
             timeout_seconds=timeout,
             continuity=continuity,
             restore_from=previous if continuity in ("Checkpointed", "Restartable") else None,
+            job_uid=job.metadata.uid,
+            inputs=list(spec.inputs),
+            outputs=list(spec.outputs),
+            checkpoint=spec.recovery.checkpoint if spec.recovery else None,
+            resources=spec.resources if isinstance(spec.resources, Resources) else None,
+            secrets=[m if isinstance(m, SecretMount) else SecretMount(name=m) for m in spec.secrets],
+            sidecars=list(spec.sidecars),
+            init_command=spec.init_command,
+            network=spec.network,
+            image_pull_secrets=list(spec.image_pull_secrets),
         )
         if gang:
             message = self._with_gang(job, attempt, message)
@@ -770,6 +781,7 @@ class Lifecycle:
                 completion_time=old.completion_time or format_time(now),
                 wall_seconds=wall,
                 units_per_second=units,
+                outputs=_outputs(view.succeeded),
             )
         stamp = format_time(now)
         gen = job.metadata.generation
@@ -1091,6 +1103,11 @@ def _measures(succeeded: list[Attempt]) -> tuple[int | None, str | None]:
     wall = (max(walls) + 500) // 1000 if walls else None
     mean = str((sum(units, Decimal(0)) / len(units)).normalize()) if units else None
     return wall, mean
+
+
+def _outputs(succeeded: Mapping[int, Attempt]) -> list[OutputRecord]:
+    """Every output the indexes committed, by index then as each Attempt listed them."""
+    return [o for _, a in sorted(succeeded.items()) for o in a.status.outputs]
 
 
 def compress(indexes: list[int]) -> str:

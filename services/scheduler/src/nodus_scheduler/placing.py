@@ -82,12 +82,14 @@ REASONS: Final = (
     "interruptible",
     "above maxRateUSDPerHour",
     "above the bound rate",
+    "drained",
     "not ready",
     "busy",
 )
 """Why a node cannot take a Job, in the order checked: what the capacity is, where it is, what it costs,
 then its state. A node counts once, under the first that applies. ``not N GPUs per node`` is written with
-the count asked for (``not 8 GPUs per node``)."""
+the count asked for (``not 8 GPUs per node``). ``drained`` is a node its agent took out of placement (phase
+Draining: a GPU fault, ADR-0022), apart from ``not ready`` (down, cordoned or silent)."""
 _RANK: Final = {r: i for i, r in enumerate(REASONS)}
 _COUNT_RANK: Final = _RANK["not N GPUs per node"]
 
@@ -394,6 +396,7 @@ def _message(index: CapacityIndex, plan: _Plan) -> str:
     for rank, reason, g in plan.refused:
         add(rank, reason, g.total)
     for _, g in plan.fits:
+        add(_RANK["drained"], "drained", g.drained)
         add(_RANK["not ready"], "not ready", g.not_ready)
         add(_RANK["busy"], "busy", g.busy)
     detail = ", ".join(f"{n} {r}" for r, n in sorted(counts.items(), key=lambda rn: (-rn[1], ranks[rn[0]])))

@@ -10,11 +10,18 @@ from nodus_kit.messaging import Delivery
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.caching import Cache
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
-from nodus_schema.messages import AttemptFinished, AttemptProgress, AttemptStarted, Report
+from nodus_schema.messages import (
+    AttemptCheckpointed,
+    AttemptFinished,
+    AttemptProgress,
+    AttemptStarted,
+    Report,
+)
 
 FINISH_PHASE = {
     "Completed": "Succeeded",
     "Error": "Failed",
+    "OOMKilled": "Failed",
     "DeadlineExceeded": "Failed",
     "Stopped": "Stopped",
     "Lost": "Lost",
@@ -64,6 +71,11 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
         st = msgspec.structs.replace(st, phase="Running", start_time=report.time)
     elif isinstance(report, AttemptProgress):
         st = msgspec.structs.replace(st, units_per_second=report.units_per_second)
+    elif isinstance(report, AttemptCheckpointed):
+        seen = st.checkpoint.sequence if st.checkpoint is not None else -1
+        if report.checkpoint.sequence <= seen:
+            return None  # a redelivery, or an older one arriving late: the latest stays
+        st = msgspec.structs.replace(st, checkpoint=report.checkpoint)
     elif isinstance(report, AttemptFinished):
         phase = FINISH_PHASE.get(report.reason, "Failed")
         if report.reason == "Completed" and report.exit_code not in (0, None):
@@ -78,5 +90,7 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
             wall_millis=report.wall_millis,
             units_per_second=report.units_per_second or st.units_per_second,
             start_time=st.start_time or report.time,
+            outputs=list(report.outputs),
+            restored_from=report.restored_from or st.restored_from,
         )
     return msgspec.structs.replace(a, status=st)
