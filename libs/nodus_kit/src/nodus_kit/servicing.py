@@ -158,6 +158,9 @@ class Service:
     """Base of every Nodus service process. Subclasses set ``name`` and override ``start``/``stop``."""
 
     name: ClassVar[str] = "service"
+    stop_timeout_s: float = 7.0
+    """How long ``stop`` may take before the process exits anyway (the node agent allows its programs'
+    stop grace on top)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -195,11 +198,13 @@ class Service:
         finally:
             log.info("service stopping")
             try:
-                await asyncio.wait_for(self.stop(), STOP_TIMEOUT_S)
+                await asyncio.wait_for(self.stop(), self.stop_timeout_s)
             except TimeoutError:
                 # A stop that hangs must not keep the process alive past its orchestrator's grace; what
                 # was still running is safe to kill (every controller is), and its stacks say why.
-                log.error("stop took longer than %ss; exiting anyway: %s", STOP_TIMEOUT_S, _task_stacks())
+                log.error(
+                    "stop took longer than %ss; exiting anyway: %s", self.stop_timeout_s, _task_stacks()
+                )
             await self.health.stop()
             # Drain flushes what was published and lets subscriptions finish what they hold; bounded, so
             # a subscription nobody reads any more (a cancelled watch) cannot hold the exit up.
@@ -210,7 +215,6 @@ class Service:
 
 
 DRAIN_TIMEOUT_S = 3.0
-STOP_TIMEOUT_S = 7.0
 
 
 def _task_stacks() -> str:

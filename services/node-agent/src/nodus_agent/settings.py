@@ -1,4 +1,5 @@
-"""The node agent's own settings, read from the ``NODUS_AGENT_*`` variables of the kit's ``Settings.env``.
+"""The node agent's own settings: an optional TOML file under the ``NODUS_AGENT_*`` variables of the kit's
+``Settings.env`` (see :mod:`nodus_agent.configuring` for every key, its variable and what it expects).
 
 Every field has a default that works on one machine (a fake one-GPU H100 node in region class ``local``),
 so ``make run`` can start several agents by setting only ``NODUS_AGENT_NODE``.
@@ -6,17 +7,25 @@ so ``make run`` can start several agents by setting only ``NODUS_AGENT_NODE``.
 
 from __future__ import annotations
 
-import os
-import re
-import socket
+import configparser
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nodus_schema.quantities import parse_bytes
+from nodus_agent import configuring
+from nodus_agent.configuring import (
+    APPLICATION_XIDS,
+    DEFAULT_MAX_INPUT_BYTES,
+    ConfigError,
+    Ulimit,
+    default_node_name,
+)
 
-# Node names end up in subjects (``nodus.assign.<node>``), durable consumer names and KV keys: one
-# subject token, so a DNS label (no dots) is the safe common ground.
-_NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+if TYPE_CHECKING:
+    from nodus_agent.s3 import S3Settings
+
+__all__ = ["AgentSettings", "ConfigError", "Ulimit", "default_node_name", "read_credentials"]
 
 
 @dataclass(frozen=True)
@@ -36,58 +45,87 @@ class AgentSettings:
     """Skip NVML: simulated nodes on a GPU host, and tests that must see the same on every machine."""
     interruptible: bool = False
     """The host is interruptible capacity (its provider may reclaim it): NODUS_AGENT_INTERRUPTIBLE."""
+    force_variant: bool = False
+    """Keep ``variant`` where NVML discovers another one (by default the discovered variant wins)."""
+    runtime: str = "process"
+    """How attempts run: ``process`` (local processes), ``docker`` (Docker Engine API) or ``simulate``."""
+    docker_socket: Path = Path("/var/run/docker.sock")
+    docker_gpu_mode: str = "device-requests"
+    """``device-requests`` (HostConfig.DeviceRequests, Docker 19.03+), ``nvidia-runtime``
+    (HostConfig.Runtime "nvidia" with NVIDIA_VISIBLE_DEVICES) or ``none`` (no GPUs: fake-GPU hosts)."""
+    docker_ulimits: tuple[Ulimit, ...] = ()
+    """HostConfig.Ulimits of every container; empty on real hosts (sandboxes that cannot raise rlimits
+    need explicit, lower ones)."""
+    nats_url: str = "nats://127.0.0.1:4222"
+    nats_creds: Path | None = None
+    s3_endpoint: str | None = None
+    """None: AWS's own endpoint for ``s3_region``."""
+    s3_region: str = "us-east-1"
+    s3_bucket: str | None = None
+    """The bucket of checkpoints and outputs; None: the agent keeps them on local disk only."""
+    s3_credentials_file: Path | None = None
+    """An AWS-style credentials file (``[default]`` with ``aws_access_key_id``/``aws_secret_access_key``)."""
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    """The most one input may take on disk; a larger one fails the attempt before it downloads."""
+    input_parallel: int = 4
+    ca_bundle: Path | None = None
+    """A PEM bundle trusted for https inputs (a private CA), beside the system's."""
+    gpu_health: bool = True
+    """Watch NVML for GPU faults and drain the node on one (no effect on a fake inventory)."""
+    gpu_fault_action: str = "stop"
+    """What a GPU fault does to running work: ``stop`` (reported Lost, resumed elsewhere) or ``finish``."""
+    gpu_ignore_xids: frozenset[int] = APPLICATION_XIDS
+    gpu_poll_s: float = 5.0
+    configured: frozenset[str] = frozenset()
+    """The keys the operator set (file or environment): discovery overrides only what was left default."""
+    config_file: Path | None = None
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> AgentSettings:
-        """Build from ``NODUS_*`` variables; raises ValueError with the variable to fix."""
-        node = env.get("NODUS_AGENT_NODE") or default_node_name()
-        if not _NODE_NAME.fullmatch(node):
-            raise ValueError(
-                f"NODUS_AGENT_NODE={node!r} is not a node name: lowercase letters, digits and '-', "
-                "at most 63, starting and ending with a letter or digit"
-            )
-        variant = env.get("NODUS_AGENT_VARIANT", "H100-SXM-80G")
-        region = env.get("NODUS_AGENT_REGION", "local")
-        gpus = _positive_int(env, "NODUS_AGENT_GPUS", "1")
-        gpu_memory = env.get("NODUS_AGENT_GPU_MEMORY", "80Gi")
-        try:
-            parse_bytes(gpu_memory)
-        except ValueError as e:
-            raise ValueError(f"NODUS_AGENT_GPU_MEMORY: {e}") from None
-        heartbeat_s = float(env.get("NODUS_AGENT_HEARTBEAT_S", "2"))
-        if heartbeat_s <= 0:
-            raise ValueError(f"NODUS_AGENT_HEARTBEAT_S={heartbeat_s} must be positive")
-        return cls(
-            node=node,
-            # The price book's naming rule (h100-sxm-80g-x1-us): a default agent matches a default offering.
-            offering=env.get("NODUS_AGENT_OFFERING") or f"{variant.lower()}-x{gpus}-{region}",
-            region_class=region,
-            variant=variant,
-            gpu_memory=gpu_memory,
-            gpus=gpus,
-            workdir=Path(env.get("NODUS_AGENT_WORKDIR") or Path(".nodus") / "agent" / node).absolute(),
-            cwd=Path(env.get("NODUS_AGENT_CWD") or os.getcwd()).absolute(),
-            heartbeat_s=heartbeat_s,
-            pool=env.get("NODUS_AGENT_POOL") or None,
-            stop_grace_s=float(env.get("NODUS_AGENT_STOP_GRACE_S", "10")),
-            fake_gpus=env.get("NODUS_AGENT_FAKE_GPUS", "").lower() in ("1", "true", "yes"),
-            interruptible=env.get("NODUS_AGENT_INTERRUPTIBLE", "").lower() in ("1", "true", "yes"),
+    def from_env(cls, env: Mapping[str, str], file: Path | str | None = None) -> AgentSettings:
+        """Build from ``NODUS_*`` variables over the TOML ``file`` (default: ``NODUS_AGENT_CONFIG``, if
+        set); raises ConfigError (a ValueError) naming the key or variable to fix."""
+        return cls(**configuring.read(env, file))
+
+    def s3_settings(self) -> S3Settings | None:
+        """Where checkpoints and outputs go, or None without ``s3.bucket``. Reads the credentials file
+        (blocking, once at start); ConfigError says what is wrong with it."""
+        if self.s3_bucket is None:
+            return None
+        # Imported here: aiobotocore takes a while to import, and the simulated fleet never needs it.
+        from nodus_agent.s3 import S3Settings
+
+        access_key, secret_key = (
+            read_credentials(self.s3_credentials_file) if self.s3_credentials_file else (None, None)
+        )
+        return S3Settings(
+            bucket=self.s3_bucket,
+            endpoint=self.s3_endpoint,
+            region=self.s3_region,
+            access_key=access_key,
+            secret_key=secret_key,
         )
 
 
-def default_node_name() -> str:
-    """The short host name, lowercased, with anything a node name cannot hold turned into '-'."""
-    short = socket.gethostname().split(".")[0].lower()
-    name = re.sub(r"[^a-z0-9-]+", "-", short).strip("-")[:63].strip("-")
-    return name or "node"
-
-
-def _positive_int(env: dict[str, str], key: str, default: str) -> int:
-    raw = env.get(key, default)
+def read_credentials(path: Path, profile: str = "default") -> tuple[str, str]:
+    """(access key, secret key) from an AWS shared-credentials file."""
+    parser = configparser.ConfigParser()
     try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not a whole number") from None
-    if value < 1:
-        raise ValueError(f"{key}={value} must be at least 1")
-    return value
+        with path.open() as f:
+            parser.read_file(f)
+    except OSError as e:
+        raise ConfigError(f"s3.credentials_file {path}: cannot read it ({e.strerror})") from None
+    except configparser.Error as e:
+        raise ConfigError(f"s3.credentials_file {path}: not an AWS credentials file ({e})") from None
+    if not parser.has_section(profile):
+        raise ConfigError(
+            f"s3.credentials_file {path}: no [{profile}] section; write [{profile}] with "
+            "aws_access_key_id and aws_secret_access_key"
+        )
+    section = parser[profile]
+    access_key = section.get("aws_access_key_id", "").strip()
+    secret_key = section.get("aws_secret_access_key", "").strip()
+    if not access_key or not secret_key:
+        raise ConfigError(
+            f"s3.credentials_file {path}: [{profile}] needs both aws_access_key_id and aws_secret_access_key"
+        )
+    return access_key, secret_key
