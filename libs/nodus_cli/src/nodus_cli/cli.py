@@ -19,6 +19,7 @@ examples:
   nodus get sweeps
   nodus get sweep lr-sweep --watch
   nodus describe sweep lr-sweep
+  nodus logs lr-sweep-0 -f
   nodus delete sweep lr-sweep
 
 The gateway, token and CA come from --server/--token/--ca, NODUS_URL/NODUS_TOKEN/NODUS_CA, or
@@ -73,12 +74,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("delete", parents=[common], help="delete one object")
     p.add_argument("kind", metavar="KIND")
     p.add_argument("name", metavar="NAME")
+
+    p = sub.add_parser("logs", parents=[common], help="print the log of a Job (one index)")
+    p.add_argument("name", metavar="JOB")
+    p.add_argument("-f", "--follow", action="store_true", help="stream new lines until the Job finishes")
+    p.add_argument("--index", type=int, metavar="N", help="the index of the Job (default 0)")
+    p.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    p.add_argument("--attempt", type=int, metavar="N", help="only attempt N of the index (default: all)")
+    p.add_argument("--timestamps", action="store_true", help="start each line with its time")
     return parser
 
 
 def _dispatch(args: argparse.Namespace, client: Client, config: Config) -> int:
     if args.command == "apply":
         return commands.apply(client, config, args.filename)
+    if args.command == "logs":
+        return commands.logs(
+            client,
+            config,
+            args.name,
+            follow=args.follow,
+            index=args.index,
+            tail=args.tail,
+            attempt=args.attempt,
+            timestamps=args.timestamps,
+        )
     kind = resolve(args.kind)
     if args.command == "get":
         return commands.get(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import httpx
@@ -115,6 +117,22 @@ class Client:
     def delete(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
         return self._call("DELETE", self.path(plural, namespace, name))
 
+    def log(self, namespace: str, job: str, params: dict[str, str], *, follow: bool) -> Iterator[bytes]:
+        """A Job's log as it arrives (``GET .../jobs/<job>/log``); with ``follow`` no read timeout, since a
+        quiet program may print nothing for minutes."""
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None) if follow else self._http.timeout
+        path = f"{self.path('jobs', namespace, job)}/log"
+        with (
+            _transport_errors(self.server),
+            self._http.stream(
+                "GET", path, params=params, timeout=timeout, headers={"Accept": "text/plain"}
+            ) as resp,
+        ):
+            if not resp.is_success:
+                resp.read()
+                raise ApiError(_status_of(resp))
+            yield from resp.iter_bytes()
+
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
             resp = self._http.request(method, path, **kwargs)
@@ -134,6 +152,21 @@ class Client:
                 )
             return body
         raise ApiError(_status_of(resp))
+
+
+@contextmanager
+def _transport_errors(server: str) -> Iterator[None]:
+    """httpx's errors as :class:`Unreachable`, saying why the gateway did not answer (as ``_call`` does)."""
+    try:
+        yield
+    except httpx.ConnectError as e:
+        if _tls_failure(e):
+            raise Unreachable(server, _tls_detail(e), refused=False) from None
+        raise Unreachable(server, str(e) or "connection refused", refused=True) from None
+    except httpx.TimeoutException:
+        raise Unreachable(server, "it did not answer in time", refused=False) from None
+    except httpx.TransportError as e:
+        raise Unreachable(server, str(e) or type(e).__name__, refused=False) from None
 
 
 def _tls_failure(e: BaseException) -> bool:

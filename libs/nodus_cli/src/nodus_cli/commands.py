@@ -1,4 +1,4 @@
-"""The commands: apply, get, describe, delete. Each returns an exit code and prints to stdout/stderr."""
+"""The commands: apply, get, describe, delete, logs. Each returns an exit code and prints to stdout/stderr."""
 
 from __future__ import annotations
 
@@ -207,4 +207,39 @@ def delete(client: Client, config: Config, kind: Kind, name: str) -> int:
         return 1
     cells = " (its cell Jobs go with it)" if kind is SWEEP else ""
     _out(f"{kind.ref(name)} deleted{cells}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# logs
+# ---------------------------------------------------------------------------------------------------------
+
+
+def logs(
+    client: Client,
+    config: Config,
+    name: str,
+    *,
+    follow: bool,
+    index: int | None,
+    tail: int | None,
+    attempt: int | None = None,
+    timestamps: bool = False,
+) -> int:
+    """Print a Job's log (one index, every attempt of it unless ``attempt``); ``follow`` streams it until
+    the Job finishes, as ``kubectl logs -f``."""
+    params = {"follow": "true"} if follow else {}
+    for key, value in (("index", index), ("tailLines", tail), ("attempt", attempt)):
+        if value is not None:
+            params[key] = str(value)
+    if timestamps:
+        params["timestamps"] = "true"
+    out = sys.stdout.buffer
+    try:
+        for chunk in client.log(config.namespace, name, params, follow=follow):
+            out.write(chunk)
+            out.flush()  # as it arrives: a followed log is read while the program runs
+    except ApiError as e:
+        _err(status_text(e.status))
+        return 1
     return 0

@@ -63,6 +63,8 @@ class Stream:
     max_age_s: float = 7 * 24 * 3600
     # Deduplication window for Nats-Msg-Id: a redelivered publish inside it is dropped by the server.
     duplicate_window_s: float = 120.0
+    # A size cap (bytes) for streams that could fill a disk (logs): the oldest messages go first.
+    max_bytes: int | None = None
 
     def config(self, replicas: int) -> StreamConfig:
         return StreamConfig(
@@ -71,6 +73,7 @@ class Stream:
             subjects=self.subjects,
             retention=self.retention,
             max_age=self.max_age_s,
+            max_bytes=self.max_bytes,  # discard stays the default, OLD
             storage=StorageType.FILE,
             num_replicas=replicas,
             duplicate_window=self.duplicate_window_s,
@@ -115,6 +118,12 @@ STREAMS: tuple[Stream, ...] = (
         "Events about objects, for people and tools (every service)",
         ["nodus.events.>"],
         max_age_s=24 * 3600,
+    ),
+    Stream(
+        "NODUS_LOGS",
+        "Log lines of running attempts, in batches (node-agent -> api-gateway's jobs/<name>/log)",
+        ["nodus.logs.>"],
+        max_bytes=4 * 1024**3,
     ),
     Stream(
         "NODUS_DEAD",

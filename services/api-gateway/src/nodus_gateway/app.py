@@ -19,6 +19,7 @@ from nodus_gateway.clusterrouting import cluster_router
 from nodus_gateway.config import MAX_BODY_BYTES
 from nodus_gateway.discovery import discovery_router
 from nodus_gateway.dispatching import GatewayApp, accelerate
+from nodus_gateway.logstreaming import log_router
 from nodus_gateway.openapi import openapi_router
 from nodus_gateway.principals import Principals
 from nodus_gateway.requesting import RequestContext
@@ -58,6 +59,7 @@ def build_app(
         # routes, so that theirs answer first on any path both would serve.
         cluster_router(stores),
         secret_router(stores, max_body_bytes=max_body_bytes),
+        log_router(stores),
         api_router(stores, max_body_bytes=max_body_bytes),
     ]
     if principals is not None:

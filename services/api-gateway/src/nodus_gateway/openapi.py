@@ -600,9 +600,21 @@ def operations(app: FastAPI, c: Components, ref: Ref) -> list[Operation]:
                 op = _resource_operation(route, path, method, shape, c, ref)
             else:
                 op = _plain_operation(route, path, method, c, ref, path.rstrip("/") in public)
+            media = _text_media(route)
+            if media is not None and path not in _TEXT_PATHS:  # a route that answers text (a Job's log)
+                op.replies = {**op.replies, "200": {media: {"type": "string"}}}
             op.operation_id = _unique(op.operation_id, seen)
             out.append(op)
     return out
+
+
+_TEXT_PATHS: Final = ("/healthz", "/livez", "/readyz")  # documented with their own schema above
+
+
+def _text_media(route: Any) -> str | None:
+    """``text/plain`` for a route declared with a text response class, else None."""
+    media = getattr(getattr(route, "response_class", None), "media_type", None)
+    return media if isinstance(media, str) and media.startswith("text/") else None
 
 
 def _unique(operation_id: str, seen: set[str]) -> str:
