@@ -8,7 +8,7 @@ import platform
 import time
 from pathlib import Path
 
-from bench import gateway_bench, placing_bench, scheduler_bench, store_bench
+from bench import checkpoint_bench, gateway_bench, placing_bench, scheduler_bench, store_bench
 from bench.running import Result, render
 
 BENCHMARKS = {
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "gateway": gateway_bench.run,
     "placing": placing_bench.run,
     "scheduler": scheduler_bench.run,
+    "checkpoint": checkpoint_bench.run,
 }
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARK = "<!-- results:{name} -->"

@@ -8,6 +8,7 @@ runs, the program waits for a file the test creates, so nothing here sleeps to s
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import sys
 import textwrap
@@ -32,7 +33,8 @@ from nodus_agent.service import AgentService
 from nodus_kit import messaging
 from nodus_kit.servicing import Settings
 from nodus_kit.storing import ObjectStore
-from nodus_schema.jobs import EnvVar, EnvVarSource, SecretKeySelector
+from nodus_schema.configs import Secret
+from nodus_schema.jobs import EnvVar, EnvVarSource, SecretKeySelector, SecretMount
 from nodus_schema.messages import (
     AttemptFinished,
     AttemptProgress,
@@ -41,6 +43,7 @@ from nodus_schema.messages import (
     StartAttempt,
     StopAttempt,
 )
+from nodus_schema.meta import ObjectMeta
 from nodus_schema.nodes import Node
 from nodus_testing.waiting import eventually
 
@@ -345,15 +348,60 @@ async def test_duplicate_start_runs_the_program_once(agent: Agent, unique: str, 
 async def test_attempts_this_runner_cannot_run_are_lost(agent: Agent, unique: str) -> None:
     no_command = f"{unique}-image"
     await agent.assign(agent.start_msg(no_command, [], image="busybox"), msg_id=f"{no_command}:start")
-    secret = f"{unique}-secret"
-    env = [EnvVar(name="TOKEN", value_from=EnvVarSource(secret_key_ref=SecretKeySelector(name="s", key="k")))]
-    await agent.assign(agent.start_msg(secret, python("pass"), env=env), msg_id=f"{secret}:start")
 
     finished = await agent.reports.wait_finished(no_command)
     assert (finished.reason, finished.exit_code, finished.message) == ("Lost", None, NO_COMMAND)
-    finished = await agent.reports.wait_finished(secret)
-    assert finished.reason == "Lost" and finished.message is not None and "valueFrom" in finished.message
-    assert not agent.reports.started(no_command) and not agent.reports.started(secret)
+    assert not agent.reports.started(no_command)
+
+
+async def test_a_missing_secret_fails_the_attempt_naming_it(agent: Agent, unique: str) -> None:
+    attempt = f"{unique}-secret"
+    env = [EnvVar(name="TOKEN", value_from=EnvVarSource(secret_key_ref=SecretKeySelector(name="s", key="k")))]
+    await agent.assign(agent.start_msg(attempt, python("pass"), env=env), msg_id=f"{attempt}:start")
+
+    finished = await agent.reports.wait_finished(attempt)
+    # The customer's to fix (counted against backoffLimit), not lost capacity.
+    assert finished.reason == "Error" and finished.message is not None
+    assert "Secret ns/s does not exist" in finished.message or "does not exist" in finished.message
+    assert not agent.reports.started(attempt)
+
+
+async def test_secret_values_reach_the_program_as_env_and_files(agent: Agent, unique: str) -> None:
+    name = f"{unique}-creds"
+    value = f"hunter2-{unique}"
+    secrets = ObjectStore(agent.nc, "secrets", Secret)
+    await secrets.create(
+        Secret(
+            metadata=ObjectMeta(name=name, namespace=NAMESPACE),
+            data={"token": base64.b64encode(value.encode()).decode()},
+        )
+    )
+    attempt = f"{unique}-uses-secret"
+    env = [
+        EnvVar(
+            name="TOKEN", value_from=EnvVarSource(secret_key_ref=SecretKeySelector(name=name, key="token"))
+        )
+    ]
+    program = python(
+        """
+        import os, pathlib
+        state = pathlib.Path(os.environ["NODUS_STATE"])
+        state.joinpath("env.txt").write_text(os.environ["TOKEN"])
+        secret_dir = pathlib.Path(os.environ["NODUS_SECRETS"])
+        state.joinpath("file.txt").write_text((secret_dir / os.environ["SECRET_NAME"] / "token").read_text())
+        """
+    )
+    plain = [*env, EnvVar(name="SECRET_NAME", value=name)]
+    start = agent.start_msg(attempt, program, env=plain, secrets=[SecretMount(name=name)])
+    await agent.assign(start, msg_id=f"{attempt}:start")
+
+    finished = await agent.reports.wait_finished(attempt)
+    assert finished.reason == "Completed", finished.message
+    state = agent.attempt_dir(attempt) / "state"
+    assert (state / "env.txt").read_text() == value
+    assert (state / "file.txt").read_text() == value
+    secret_file = agent.attempt_dir(attempt) / "secrets" / name / "token"
+    assert oct(secret_file.stat().st_mode & 0o777) == "0o400"
 
 
 async def test_stop_before_start_leaves_a_record_that_wins(agent: Agent, unique: str) -> None:

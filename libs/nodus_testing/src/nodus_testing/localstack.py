@@ -31,6 +31,8 @@ from nodus_testing.natsserver import NatsServer
 from nodus_testing.processes import free_port
 from nodus_testing.seaweed import SeaweedS3
 
+AGENT_BUCKET = "nodus-local"  # checkpoints and outputs of the stack's agents
+
 SERVICES = (
     ("gateway", "nodus_gateway"),
     ("sweeps", "nodus_sweeps"),
@@ -86,11 +88,13 @@ class Stack:
                 env["NODUS_GATEWAY_TLS_CERT"] = str(tls.cert)
                 env["NODUS_GATEWAY_TLS_KEY"] = str(tls.key)
             self.procs.append(Proc(short, [sys.executable, "-m", module], env, free_port()))
+        store = self._agent_store(s3)
         for i, extra in enumerate(self.agents):
             name = extra.get("NODUS_AGENT_NODE", f"agent-{i}")
             env = {
                 "NODUS_AGENT_WORKDIR": str(self._dir(f"agents/{name}")),
                 "NODUS_AGENT_CWD": os.getcwd(),
+                **store,
                 **base,
                 **extra,
             }
@@ -110,6 +114,30 @@ class Stack:
         _write_private(self.root / "local.env", "".join(f"{k}={v}\n" for k, v in values.items()))
         _write_private(self.kubeconfig, kubeconfig(values["NODUS_URL"], token, tls.ca.read_bytes()))
         return values
+
+    def _agent_store(self, s3: SeaweedS3) -> dict[str, str]:
+        """The agents' checkpoint and output store: a bucket on the stack's SeaweedFS, its keys in an
+        AWS-style credentials file (the agent's own configuration, as on a real host)."""
+        import botocore.session
+
+        client = botocore.session.get_session().create_client("s3", **s3.client_kwargs())
+        try:
+            client.create_bucket(Bucket=AGENT_BUCKET)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        except client.exceptions.BucketAlreadyExists:
+            pass
+        credentials = self.root / "s3-credentials"
+        _write_private(
+            credentials,
+            f"[default]\naws_access_key_id = {s3.access_key}\naws_secret_access_key = {s3.secret_key}\n",
+        )
+        return {
+            "NODUS_AGENT_S3_ENDPOINT": s3.endpoint_url,
+            "NODUS_AGENT_S3_REGION": s3.region,
+            "NODUS_AGENT_S3_BUCKET": AGENT_BUCKET,
+            "NODUS_AGENT_S3_CREDENTIALS_FILE": str(credentials),
+        }
 
     @property
     def kubeconfig(self) -> Path:

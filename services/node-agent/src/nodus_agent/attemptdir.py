@@ -7,6 +7,8 @@
     state/         NODUS_STATE    (/nodus/state: checkpoints)
     report.jsonl   NODUS_REPORT   (the program appends throughput lines)
     log.txt        the program's stdout and stderr
+    secrets/       NODUS_SECRETS  (/nodus/secrets: one folder per mounted Secret, files 0400)
+    start.json     the StartAttempt it runs for (a restarted agent re-adopting the program reads it)
     record.json    the runner's own record (below)
 
 The record is what makes the runner idempotent and safe to kill at any line: it is written (atomically)
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from nodus_schema.messages import AttemptFinished
+from nodus_schema.messages import AttemptFinished, StartAttempt
 
 STARTING, RUNNING, FINISHED = "Starting", "Running", "Finished"
 
@@ -41,6 +43,12 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
     """Starting (program may or may not have started), Running (pid set), Finished (report set)."""
     pid: int | None = None
     pid_start_ticks: int | None = None
+    container: str | None = None
+    """The container's id (docker runtime): a restarted agent re-adopts it."""
+    runtime: str | None = None
+    """The runtime that started the program (process, docker)."""
+    restored: bool = False
+    """The checkpoint (if any) was restored: a relaunch after a crash does not restore over new state."""
     started: str | None = None
     started_epoch_ms: int | None = None
     """Wall clock of the start: after an agent restart the monotonic clock of the run is gone."""
@@ -53,6 +61,8 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Record)
+_start_encoder = msgspec.json.Encoder()
+_start_decoder = msgspec.json.Decoder(StartAttempt)
 
 
 class AttemptDir:
@@ -73,6 +83,11 @@ class AttemptDir:
         return self.root / "state"
 
     @property
+    def secrets(self) -> Path:
+        """``/nodus/secrets``: one directory per mounted Secret, one file per key (mode 0400)."""
+        return self.root / "secrets"
+
+    @property
     def report(self) -> Path:
         return self.root / "report.jsonl"
 
@@ -84,8 +99,24 @@ class AttemptDir:
     def record_path(self) -> Path:
         return self.root / "record.json"
 
+    @property
+    def start_path(self) -> Path:
+        """The StartAttempt the program was started for: an agent that restarts and re-adopts the
+        program still knows its outputs, checkpoint policy and timeout."""
+        return self.root / "start.json"
+
+    def save_start(self, msg: StartAttempt) -> None:
+        _write_atomic(self.start_path, _start_encoder.encode(msg))
+
+    def load_start(self) -> StartAttempt | None:
+        try:
+            return _start_decoder.decode(self.start_path.read_bytes())
+        except (FileNotFoundError, msgspec.DecodeError):
+            return None
+
     def create(self) -> None:
-        for d in (self.inputs, self.outputs, self.state):
+        # state/.nodus: the checkpoint contract's files (docs/checkpoints.md), never archived.
+        for d in (self.inputs, self.outputs, self.state, self.state / ".nodus"):
             d.mkdir(parents=True, exist_ok=True)
         self.report.touch()
         self.log.touch()
@@ -98,13 +129,7 @@ class AttemptDir:
 
     def save(self, record: Record) -> None:
         """Write-then-rename, fsynced: a crash leaves the old record or the new one, never half of one."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.record_path.with_suffix(".json.tmp")
-        with tmp.open("wb") as f:
-            f.write(_encoder.encode(record))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.record_path)
+        _write_atomic(self.record_path, _encoder.encode(record))
 
     def log_tail(self, lines: int = 20, max_bytes: int = 4096) -> str:
         """The last lines of log.txt, for the message of a failed attempt."""
@@ -116,6 +141,16 @@ class AttemptDir:
         except FileNotFoundError:
             return ""
         return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    with tmp.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def existing(workdir: Path) -> list[AttemptDir]:

@@ -1,11 +1,12 @@
-"""The env contract of a running program (design brief), for the local-process runner.
+"""The env contract of a running program (design brief), for every runtime.
 
 What the program sees, from weakest to strongest (a later layer wins):
 
 1. a minimal base from the agent's own environment: ``PATH``, ``HOME``, ``LANG`` (nothing else leaks:
    the agent's NATS URL or credentials are not the program's business);
-2. the job's ``env`` list, literal values only. This is where ``NODUS_PARAM_<NAME>`` arrives: the sweep
-   controller writes a cell's parameters into its Job's env;
+2. the job's ``env`` list: literal values here, ``valueFrom.secretKeyRef`` values added by the runner
+   (:mod:`nodus_agent.secrets`). This is where ``NODUS_PARAM_<NAME>`` arrives: the sweep controller
+   writes a cell's parameters into its Job's env;
 3. the contract itself, which a job cannot override: ``NODUS_JOB``, ``NODUS_NAMESPACE``,
    ``NODUS_ATTEMPT``, ``NODUS_INDEX`` and ``JOB_COMPLETION_INDEX`` (the same number, the second for
    programs written for Kubernetes Indexed Jobs), ``NODUS_REPORT``, ``NODUS_OUTPUTS``, ``NODUS_STATE``,
@@ -23,6 +24,7 @@ unchanged under both.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Final
 
 from nodus_agent.attemptdir import AttemptDir
@@ -34,26 +36,29 @@ BASE = ("PATH", "HOME", "LANG")
 RAY_LAUNCHERS: Final = ("Ray", "Verl")
 
 NO_COMMAND = "a local-process runner needs spec.command; images come with the container runtime"
+NO_IMAGE = "the container runtime needs spec.image"
 
 
-def refusal(msg: StartAttempt) -> str | None:
-    """Why this runner cannot run the attempt at all (reported as Lost: another runtime could), or None."""
-    if not msg.command:
+def refusal(msg: StartAttempt, runtime: str = "process") -> str | None:
+    """Why this agent's runtime cannot run the attempt at all (reported as Lost: another node's runtime
+    could), or None."""
+    if runtime == "process" and not msg.command:
         return NO_COMMAND
-    for var in msg.env:
-        if var.value_from is not None:
-            return (
-                f"env {var.name}: valueFrom (secret references) is not supported by the node agent yet; "
-                "use a literal value"
-            )
+    if runtime == "docker" and not msg.image:
+        return NO_IMAGE
     return None
 
 
-def build_env(msg: StartAttempt, adir: AttemptDir, settings: AgentSettings) -> dict[str, str]:
+def build_env(
+    msg: StartAttempt, adir: AttemptDir, settings: AgentSettings, paths: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The program's environment (secret values are added by the runner). ``paths``: the contract's
+    paths as the runtime shows them to the program (a container's /nodus/...); the attempt directory's
+    own folders by default (a local process)."""
     env = {k: os.environ[k] for k in BASE if k in os.environ}
     env.setdefault("PATH", os.defpath)
     for var in msg.env:
-        if var.name:
+        if var.name and var.value_from is None:
             env[var.name] = var.value or ""  # Kubernetes: a variable without a value is the empty string
     index = str(msg.index)
     env.update(
@@ -69,6 +74,8 @@ def build_env(msg: StartAttempt, adir: AttemptDir, settings: AgentSettings) -> d
         NODUS_NODE=settings.node,
         NODUS_OFFERING=settings.offering,
     )
+    if paths:
+        env.update(paths)
     env.update(gang_env(msg))
     return env
 

@@ -1,13 +1,22 @@
-"""The attempt runner: StartAttempt and StopAttempt in, a local process and reports out.
+"""The attempt runner: StartAttempt and StopAttempt in, a program on a runtime and reports out.
+
+An attempt goes through: its directory and record; :mod:`nodus_agent.preparing` (secret values, inputs
+under /nodus/inputs, the index's latest checkpoint restored into /nodus/state); the program started on
+the agent's runtime (:mod:`nodus_agent.runtimes`: a local process or a container); watching it
+(throughput reports, its log shipped to the bus, its deadline, checkpoints at the policy's interval and
+before a stop that asks for one); and, on success, its outputs committed to S3 and loaded into their
+sinks (:mod:`nodus_agent.committing`). Each step's failure names the reason it is reported with: the
+customer's (Error, OOMKilled: counted against backoffLimit) or the infrastructure's (Lost: a new Attempt
+elsewhere, counted against recovery.maxAttempts).
 
 Every assignment may arrive twice and the agent may be killed at any line, so the runner decides from
 its record on disk (:mod:`nodus_agent.attemptdir`), never from the message alone:
 
 * running in this agent -> a duplicate StartAttempt is ignored;
 * finished -> the recorded AttemptFinished is published again (same id: the stream drops it);
-* started by an agent that is gone -> the program is stopped if it still runs and the attempt is
-  reported Lost: without its parent no exit code can be known, and the scheduler's new attempt
-  resumes from the checkpoint sooner than waiting for an orphan would;
+* started by an agent that is gone -> a runtime that can watch it again (a container) re-adopts it and
+  reports its real end; otherwise (a local process, not our child: no exit code can ever be read) it is
+  stopped and reported Lost, and the scheduler's new attempt resumes from the checkpoint;
 * a StopAttempt for an attempt never seen leaves a Stopped record, so a StartAttempt arriving late
   does not run it.
 """
@@ -16,27 +25,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import msgspec
 
-from nodus_agent import attemptdir, envcontract, processes
+from nodus_agent import attemptdir, committing, envcontract, preparing
 from nodus_agent.attemptdir import FINISHED, RUNNING, STARTING, AttemptDir, Record
+from nodus_agent.logshipping import Redactor
+from nodus_agent.preparing import PrepareError, Toolkit
 from nodus_agent.reporting import Reporter
+from nodus_agent.runtimes import Exit, Launch, LaunchError, ProcessRuntime, Running, Runtime
 from nodus_agent.settings import AgentSettings
 from nodus_agent.throughput import ReportTail, format_rate
 from nodus_kit.errors import PermanentError
 from nodus_kit.messaging import Delivery
-from nodus_schema.messages import Assignment, AttemptFinished, StartAttempt, StopAttempt
+from nodus_schema.attempts import CheckpointRecord, OutputRecord
+from nodus_schema.messages import (
+    Assignment,
+    AttemptCheckpointed,
+    AttemptFinished,
+    StartAttempt,
+    StopAttempt,
+)
 from nodus_schema.meta import now_rfc3339
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often report.jsonl is read and the deadline checked
 PROGRESS_EVERY_S = 1.0  # at most one AttemptProgress per attempt per second
+CHECKPOINT_SIGNAL = signal.SIGUSR1  # docs/checkpoints.md: "a checkpoint request waits"
 
 AGENT_RESTARTED = "the node agent restarted while the program ran"
 AGENT_SHUTDOWN = "the node agent shut down"
@@ -57,6 +78,10 @@ def finished(
     wall_millis: int,
     message: str | None,
     rate: Decimal | None,
+    *,
+    outputs: list[OutputRecord] | None = None,
+    restored_from: CheckpointRecord | None = None,
+    mean_rate: Decimal | None = None,
 ) -> Record:
     """The record of a finished run, carrying the AttemptFinished report to send (not yet reported)."""
     report = AttemptFinished(
@@ -69,6 +94,9 @@ def finished(
         reason=reason,
         message=message,
         units_per_second=format_rate(rate) if rate is not None else None,
+        outputs=outputs or [],
+        restored_from=restored_from,
+        mean_units_per_second=format_rate(mean_rate) if mean_rate is not None else None,
     )
     return msgspec.structs.replace(
         record, phase=FINISHED, finished=report.time, exit_code=exit_code, report=report, reported=False
@@ -77,31 +105,45 @@ def finished(
 
 @dataclass
 class Run:
-    """One program this agent started and is watching."""
+    """One program this agent started (or re-adopted) and is watching."""
 
     msg: StartAttempt
     dir: AttemptDir
     record: Record
-    proc: asyncio.subprocess.Process
+    running: Running
     began: float  # monotonic, for wallMillis
     tail: ReportTail
+    prepared: preparing.Prepared
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stop_why: tuple[str, str] | None = None  # (reason, message) asked for
+    stop_checkpoint: bool = False  # take a checkpoint before stopping
     stopped_by: tuple[str, str] | None = None  # the stop that actually ended the program
     sent_rate: Decimal | None = None
     sent_at: float = float("-inf")
     progress_n: int = 0
+    rates: list[Decimal] = field(default_factory=list)
+    next_checkpoint: float | None = None  # monotonic
+    last_checkpoint_cost: timedelta | None = None
     task: asyncio.Task[None] | None = None
 
-    def request_stop(self, reason: str, message: str) -> None:
+    def request_stop(self, reason: str, message: str, *, checkpoint: bool = False) -> None:
         if self.stop_why is None:  # the first reason wins (a deadline is not turned into a Stopped)
             self.stop_why = (reason, message)
+            self.stop_checkpoint = checkpoint
             self.stop.set()
 
 
 class Runner:
-    def __init__(self, settings: AgentSettings, reporter: Reporter) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        reporter: Reporter,
+        runtime: Runtime | None = None,
+        toolkit: Toolkit | None = None,
+    ) -> None:
         self.settings, self.reporter = settings, reporter
+        self.runtime: Runtime = runtime or ProcessRuntime(settings.cwd)
+        self.toolkit = toolkit or Toolkit()
         self.runs: dict[tuple[str, str], Run] = {}
         self._lock = asyncio.Lock()  # one assignment at a time: decisions read and write the record
 
@@ -131,9 +173,9 @@ class Runner:
         adir = AttemptDir(self.settings.workdir, msg.namespace, msg.attempt)
         record = adir.load()
         if record is not None:
-            await self._settle(adir, record)
+            await self._settle(adir, record, msg)
             return
-        refusal = envcontract.refusal(msg)
+        refusal = envcontract.refusal(msg, self.runtime.name)
         if refusal is not None:
             await self._finish(adir, Record(phase=STARTING, started=now_rfc3339()), "Lost", None, 0, refusal)
             return
@@ -142,17 +184,18 @@ class Runner:
     async def stop(self, msg: StopAttempt) -> None:
         run = self.runs.get((msg.namespace, msg.attempt))
         if run is not None:
-            run.request_stop("Stopped", f"asked to stop ({msg.reason})")
+            run.request_stop("Stopped", f"asked to stop ({msg.reason})", checkpoint=msg.checkpoint)
             return
         adir = AttemptDir(self.settings.workdir, msg.namespace, msg.attempt)
         record = adir.load()
         if record is None:
             await self._finish(adir, Record(phase=STARTING), "Stopped", None, 0, STOPPED_BEFORE_START)
         else:
-            await self._settle(adir, record)
+            await self._settle(adir, record, None)
 
     async def recover(self) -> None:
-        """After a restart: report attempts an earlier agent left running or finished but unreported."""
+        """After a restart: re-adopt or report the attempts an earlier agent left running, and report
+        those it finished but did not report."""
         pending = []
         for adir in attemptdir.existing(self.settings.workdir):
             try:
@@ -161,7 +204,7 @@ class Runner:
                 log.error("unreadable record %s: %s", adir.record_path, e)
                 continue
             if record is not None and not (record.phase == FINISHED and record.reported):
-                pending.append(self._settle(adir, record))
+                pending.append(self._settle(adir, record, None))
         for result in await asyncio.gather(*pending, return_exceptions=True):
             if isinstance(result, BaseException):
                 log.error("could not settle an attempt found at start: %s", result)
@@ -176,56 +219,116 @@ class Runner:
     # -- launching ----------------------------------------------------------------------------------
     async def _launch(self, msg: StartAttempt, adir: AttemptDir) -> None:
         adir.create()
-        argv = envcontract.argv(msg)
-        env = envcontract.build_env(msg, adir, self.settings)
-        cwd = self.settings.cwd / msg.working_dir if msg.working_dir else self.settings.cwd
-        # Recorded before the program exists: an agent killed right after spawning finds "Starting"
-        # and reports Lost rather than running the program a second time.
-        record = Record(phase=STARTING, started=now_rfc3339(), started_epoch_ms=epoch_ms())
+        # Recorded before the program exists: an agent killed right after starting it finds "Starting"
+        # and reports Lost (or re-adopts the container) rather than running the program a second time.
+        adir.save_start(msg)
+        record = Record(
+            phase=STARTING, started=now_rfc3339(), started_epoch_ms=epoch_ms(), runtime=self.runtime.name
+        )
         adir.save(record)
         began = time.monotonic()
         try:
-            proc = await processes.spawn(argv, env, Path(cwd), adir.log)
-        except OSError as e:
-            # The customer's command (a typo, a missing working directory): an Error, counted against
-            # backoffLimit as Kubernetes counts a container that fails to start.
-            message = f"could not start {argv[0]!r}: {e}"
-            await self._finish(adir, record, "Error", None, _ms_since(began), message)
+            prepared = await preparing.prepare(self.toolkit, self.settings, msg, adir)
+        except PrepareError as e:
+            await self._finish(adir, record, e.reason, None, _ms_since(began), e.message)
             return
-        record = msgspec.structs.replace(
-            record, phase=RUNNING, pid=proc.pid, pid_start_ticks=processes.start_ticks(proc.pid)
+        env = envcontract.build_env(msg, adir, self.settings, paths=self.runtime.paths(adir))
+        env.update(prepared.secrets.env)
+        launch = Launch(
+            msg=msg,
+            dir=adir,
+            argv=envcontract.argv(msg),
+            env=env,
+            working_dir=msg.working_dir,
+            secret_files=prepared.secret_dirs,
         )
+        try:
+            running = await self.runtime.launch(launch)
+        except LaunchError as e:
+            await self._finish(adir, record, e.reason, None, _ms_since(began), e.message, prepared=prepared)
+            return
+        record = self.runtime.remember(msgspec.structs.replace(record, phase=RUNNING, restored=True), running)
         adir.save(record)
+        self._watch_run(msg, adir, record, running, began, prepared)
+        log.info(
+            "attempt started",
+            extra={
+                "attempt": msg.attempt,
+                "ns": msg.namespace,
+                "runtime": self.runtime.name,
+                "id": running.ident,
+            },
+        )
+
+    def _watch_run(
+        self,
+        msg: StartAttempt,
+        adir: AttemptDir,
+        record: Record,
+        running: Running,
+        began: float,
+        prepared: preparing.Prepared,
+        *,
+        adopted: bool = False,
+    ) -> None:
         tail = ReportTail(adir.report, msg.attempt)
-        run = Run(msg=msg, dir=adir, record=record, proc=proc, began=began, tail=tail)
+        run = Run(
+            msg=msg, dir=adir, record=record, running=running, began=began, tail=tail, prepared=prepared
+        )
+        run.next_checkpoint = self._first_checkpoint(run)
         self.runs[(msg.namespace, msg.attempt)] = run
-        run.task = asyncio.create_task(self._supervise(run), name=f"attempt:{msg.namespace}/{msg.attempt}")
-        log.info("attempt started", extra={"attempt": msg.attempt, "ns": msg.namespace, "pid": proc.pid})
+        run.task = asyncio.create_task(
+            self._supervise(run, adopted=adopted), name=f"attempt:{msg.namespace}/{msg.attempt}"
+        )
 
     # -- watching -----------------------------------------------------------------------------------
-    async def _supervise(self, run: Run) -> None:
+    async def _supervise(self, run: Run, *, adopted: bool = False) -> None:
+        shipper = await preparing.start_log_shipper(self.toolkit, run.msg, run.dir, run.prepared)
         try:
-            started = run.record.started or now_rfc3339()
-            try:
-                await self.reporter.started(run.msg.namespace, run.msg.attempt, started)
-            except Exception as e:  # the program runs on; its finish report still goes out
-                log.error("AttemptStarted not sent: %s", e, extra={"attempt": run.msg.attempt})
-            returncode = await self._watch(run)
+            if not adopted:
+                started = run.record.started or now_rfc3339()
+                try:
+                    await self.reporter.started(run.msg.namespace, run.msg.attempt, started)
+                except Exception as e:  # the program runs on; its finish report still goes out
+                    log.error("AttemptStarted not sent: %s", e, extra={"attempt": run.msg.attempt})
+            exit = await self._watch(run)
             wall = _ms_since(run.began)
-            processes.sweep_group(run.proc.pid)
+            await self.runtime.release(run.running)
             rate = run.tail.poll(final=True)
-            reason, exit_code, message = self._outcome(run, returncode)
-            await self._finish(run.dir, run.record, reason, exit_code, wall, message, rate)
+            if rate is not None:
+                run.rates.append(rate)
+            reason, exit_code, message = self._outcome(run, exit)
+            outputs: list[OutputRecord] = []
+            if reason == "Completed":
+                try:
+                    outputs = await committing.commit(self.toolkit, run.msg, run.dir)
+                except committing.CommitError as e:
+                    reason, message = e.reason, e.message
+            await self._finish(
+                run.dir,
+                run.record,
+                reason,
+                exit_code,
+                wall,
+                message,
+                rate,
+                prepared=run.prepared,
+                outputs=outputs,
+                mean_rate=_mean(run.rates),
+            )
         except Exception:
             log.exception("supervising the attempt failed", extra={"attempt": run.msg.attempt})
         finally:
             self.runs.pop((run.msg.namespace, run.msg.attempt), None)
+            if shipper is not None:
+                await shipper.close(final=True)
 
-    async def _watch(self, run: Run) -> int:
-        """Until the program exits: tail its reports, enforce its deadline, act on a stop request."""
+    async def _watch(self, run: Run) -> Exit:
+        """Until the program exits: tail its reports, enforce its deadline, checkpoint when due, act on
+        a stop request (checkpointing first when the stop asks for it)."""
         timeout = run.msg.timeout_seconds
         deadline = run.began + timeout if timeout else None
-        exited = asyncio.ensure_future(run.proc.wait())
+        exited = asyncio.ensure_future(self.runtime.wait(run.running))
         stopping = asyncio.ensure_future(run.stop.wait())
         try:
             while not exited.done():
@@ -234,8 +337,13 @@ class Runner:
                 if deadline is not None and time.monotonic() >= deadline and not exited.done():
                     run.request_stop("DeadlineExceeded", f"the attempt ran past its timeout of {timeout}s")
                 if run.stop_why is not None and not exited.done():
+                    if run.stop_checkpoint:
+                        await self._checkpoint(run, _stop_reason(run))
                     run.stopped_by = run.stop_why
-                    return await processes.terminate(run.proc, self.settings.stop_grace_s)
+                    return await self.runtime.stop(run.running, self.settings.stop_grace_s)
+                due = run.next_checkpoint
+                if due is not None and time.monotonic() >= due and not exited.done():
+                    await self._checkpoint(run, "Interval")
             return exited.result()
         finally:
             stopping.cancel()
@@ -249,28 +357,84 @@ class Runner:
         if now - run.sent_at < PROGRESS_EVERY_S:
             return  # a later tick sends the newest value once the second has passed
         n = run.progress_n + 1
+        run.rates.append(latest)
         if await self.reporter.progress(run.msg.namespace, run.msg.attempt, n, format_rate(latest)):
             run.progress_n, run.sent_rate, run.sent_at = n, latest, now
 
-    def _outcome(self, run: Run, returncode: int) -> tuple[str, int, str | None]:
-        code = processes.exit_code(returncode)
+    # -- checkpoints --------------------------------------------------------------------------------
+    def _first_checkpoint(self, run: Run) -> float | None:
+        """When the first Interval checkpoint is due (monotonic), None when this run takes none."""
+        interval = preparing.checkpoint_interval(run.msg, self.settings, run.last_checkpoint_cost)
+        return None if interval is None else time.monotonic() + interval.total_seconds()
+
+    async def _checkpoint(self, run: Run, reason: str) -> None:
+        """Take one checkpoint; a failure is logged and the run goes on (latest stays where it was)."""
+
+        async def notify() -> None:
+            await self.runtime.signal(run.running, CHECKPOINT_SIGNAL)
+
+        began = time.monotonic()
+        try:
+            taken = await preparing.take_checkpoint(self.toolkit, run.msg, run.dir, reason, notify)
+        except Exception as e:
+            log.warning("checkpoint failed: %s", e, extra={"attempt": run.msg.attempt, "reason": reason})
+            taken = None
+        run.last_checkpoint_cost = timedelta(seconds=time.monotonic() - began)
+        interval = preparing.checkpoint_interval(run.msg, self.settings, run.last_checkpoint_cost)
+        run.next_checkpoint = None if interval is None else time.monotonic() + interval.total_seconds()
+        if taken is None:
+            return
+        report = AttemptCheckpointed(
+            namespace=run.msg.namespace, attempt=run.msg.attempt, node=self.settings.node, checkpoint=taken
+        )
+        try:
+            await self.reporter.send(
+                report, f"{run.msg.namespace}/{run.msg.attempt}:checkpoint:{taken.sequence}"
+            )
+        except Exception as e:
+            log.warning("checkpoint report not sent: %s", e, extra={"attempt": run.msg.attempt})
+
+    def _outcome(self, run: Run, exit: Exit) -> tuple[str, int | None, str | None]:
+        code = exit.code
         if run.stopped_by is not None:
             reason, message = run.stopped_by
             return reason, code, message
+        if exit.lost or code is None:
+            return "Lost", code, exit.message or "the program was lost with no exit code"
         if code == 0:
             return "Completed", code, None
-        tail = run.dir.log_tail()
-        message = f"the program {processes.describe_exit(code)}"
+        # The log's last lines go on the bus in the report: secret values masked as in the shipped log.
+        tail = Redactor(run.prepared.secrets.values())(run.dir.log_tail())
+        if exit.oom_killed:
+            message = exit.message or "the program ran out of memory (killed at its memory limit)"
+            return "OOMKilled", code, f"{message}; the last lines of its log:\n{tail}" if tail else message
+        message = f"the program {_describe(code)}"
         return "Error", code, f"{message}; the last lines of its log:\n{tail}" if tail else message
 
     # -- finishing ----------------------------------------------------------------------------------
-    async def _settle(self, adir: AttemptDir, record: Record) -> None:
-        """An attempt this agent is not watching but has a record of: finished, or an orphan."""
+    async def _settle(self, adir: AttemptDir, record: Record, msg: StartAttempt | None) -> None:
+        """An attempt this agent is not watching but has a record of: finished, or an orphan (which the
+        runtime re-adopts when it can watch it again, with the StartAttempt of a redelivery)."""
         if record.phase == FINISHED:
             await self._publish_finished(adir, record)
             return
-        if record.pid is not None:
-            await processes.terminate_pid(record.pid, record.pid_start_ticks, self.settings.stop_grace_s)
+        running = await self.runtime.reattach(adir, record, self.settings.stop_grace_s)
+        if running is not None:
+            known = msg or adir.load_start()
+            if known is None:  # an agent from before start.json: what the record knows is enough to wait
+                known = StartAttempt(
+                    namespace=adir.namespace,
+                    job="",
+                    attempt=adir.attempt,
+                    index=0,
+                    attempt_no=0,
+                    node=self.settings.node,
+                )
+            began = time.monotonic() - max(0, epoch_ms() - (record.started_epoch_ms or epoch_ms())) / 1000
+            log.info("re-adopted a running attempt", extra={"attempt": adir.attempt, "id": running.ident})
+            prepared = await preparing.for_adoption(self.toolkit, known)
+            self._watch_run(known, adir, record, running, began, prepared, adopted=True)
+            return
         wall = epoch_ms() - record.started_epoch_ms if record.started_epoch_ms else 0
         await self._finish(adir, record, "Lost", None, max(wall, 0), AGENT_RESTARTED)
 
@@ -283,6 +447,10 @@ class Runner:
         wall_millis: int,
         message: str | None,
         rate: Decimal | None = None,
+        *,
+        prepared: preparing.Prepared | None = None,
+        outputs: list[OutputRecord] | None = None,
+        mean_rate: Decimal | None = None,
     ) -> None:
         record = finished(
             record,
@@ -294,6 +462,9 @@ class Runner:
             wall_millis,
             message,
             rate,
+            outputs=outputs,
+            restored_from=prepared.restored if prepared is not None else None,
+            mean_rate=mean_rate,
         )
         adir.save(record)  # first the record, then the report: a crash in between re-sends at start
         log.info(
@@ -307,6 +478,26 @@ class Runner:
         await self.reporter.finished(record.report)
         if not record.reported:
             adir.save(msgspec.structs.replace(record, reported=True))
+
+
+def _stop_reason(run: Run) -> str:
+    """The checkpoint reason of a stop that asked for one (docs/checkpoints.md)."""
+    why = (run.stop_why[1] if run.stop_why else "").lower()
+    if "maxcost" in why or "cap" in why:
+        return "CapReached"
+    if "preempt" in why or "interrupt" in why:
+        return "Preemption"
+    return "Suspend"
+
+
+def _describe(code: int) -> str:
+    from nodus_agent.processes import describe_exit
+
+    return describe_exit(code)
+
+
+def _mean(rates: list[Decimal]) -> Decimal | None:
+    return sum(rates, Decimal(0)) / len(rates) if rates else None
 
 
 def _ms_since(began: float) -> int:
