@@ -366,3 +366,28 @@ async def test_stopping_work_reports_a_running_attempt_lost(nc: NATS, unique: st
         and report.message == "GPU fault on node x: GPU 0: XID 79"
     )
     await asyncio.wait_for(runner.shutdown(), 5)
+
+
+async def test_a_start_that_reaches_a_drained_node_is_lost_without_running(
+    nc: NATS, unique: str, tmp_path: Path
+) -> None:
+    from nodus_agent.running import Runner
+
+    settings = agent_settings(unique, tmp_path)
+    runner = Runner(settings, Reporter(nc.jetstream(), unique))
+    runner.drained = lambda: "GPU 0: XID 79"
+    ran = tmp_path / "ran"
+    msg = StartAttempt(
+        namespace="gpu",
+        job="train",
+        attempt=f"{unique}-late",
+        index=0,
+        attempt_no=1,
+        node=unique,
+        command=[sys.executable, "-c", f"open({str(ran)!r}, 'w').close()"],
+    )
+    await runner.start(msg)
+    report = AttemptDir(settings.workdir, "gpu", msg.attempt).load().report  # type: ignore[union-attr]
+    assert report is not None and report.reason == "Lost"
+    assert report.message is not None and "drained" in report.message and "XID 79" in report.message
+    assert not ran.exists() and not runner.runs

@@ -27,6 +27,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -146,6 +147,8 @@ class Runner:
         self.toolkit = toolkit or Toolkit()
         self.runs: dict[tuple[str, str], Run] = {}
         self._lock = asyncio.Lock()  # one assignment at a time: decisions read and write the record
+        self.drained: Callable[[], str | None] = lambda: None
+        """Why this node takes no new work (a GPU fault, ADR-0022), or None; set by the service."""
 
     # -- entry points -------------------------------------------------------------------------------
     async def handle(self, delivery: Delivery[Assignment]) -> None:
@@ -176,6 +179,10 @@ class Runner:
             await self._settle(adir, record, msg)
             return
         refusal = envcontract.refusal(msg, self.runtime.name)
+        drained = self.drained()
+        if refusal is None and drained is not None:
+            # Already on its way when the node drained: another node runs it (Lost, not the Job's fault).
+            refusal = f"the node is drained and takes no new work: {drained}"
         if refusal is not None:
             await self._finish(adir, Record(phase=STARTING, started=now_rfc3339()), "Lost", None, 0, refusal)
             return

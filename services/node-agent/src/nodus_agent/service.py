@@ -80,8 +80,10 @@ class AgentService(Service):
         runtime = await self._runtime(inventory, toolkit)
         self.runner = Runner(self.agent, Reporter(js, self.agent.node, self.outbox), runtime, toolkit)
         await self.runner.recover()
-        self.health = GPUHealth(self.agent, self.registration, runner_stopper(self.runner))
-        await self.health.start()
+        health = GPUHealth(self.agent, self.registration, runner_stopper(self.runner))
+        self.runner.drained = lambda: health.faults[-1].message if health.faults else None
+        self.health = health
+        await health.start()
         self.consumer = await Consumer(
             js,
             stream=ASSIGNMENTS,
