@@ -1,0 +1,460 @@
+"""Holds, caps and budgets as a pure value: ``apply(state, op) -> (state, result, entries)`` (ADR-0023).
+
+No I/O here. The billing service keeps one :class:`State` (a msgspec Struct, camelCase on the wire) in
+KV and drives it with operations. Every operation has a deterministic id (:func:`op_id`); the result of
+each applied id is remembered, so an operation delivered twice changes nothing and returns the same
+result. Money is integer micro-dollars throughout.
+
+A hold is a pending transfer: placing it moves credits from the project's available account to the
+hold's own ledger account; meter ticks and the capture move from the hold to the Job's spend account;
+the rest goes back to available exactly once, when the hold is captured, released or expires.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import msgspec
+
+from nodus_billing.accounting import (
+    CREDITS_ISSUED,
+    Entry,
+    available_account,
+    hold_account,
+    post,
+    spend_account,
+)
+from nodus_billing.standing import (
+    BUDGET_EXCEEDED,
+    CONFLICT,
+    INSUFFICIENT_CREDITS,
+    INVALID,
+    MAX_COST_REACHED,
+    NOT_FOUND,
+    Budget,
+    Hold,
+    HoldStatus,
+    Job,
+    Result,
+    State,
+    Sweep,
+    available,
+    budget_used,
+    held,
+    job_held,
+    job_spent,
+    matches,
+    month_of,
+    sweep_held,
+    sweep_spent,
+)
+from nodus_schema.ledger import charge_micros
+from nodus_schema.quantities import micros_to_usd
+from nodus_schema.wire import Wire
+
+# --- operations --------------------------------------------------------------------------------------
+
+
+class Grant(Wire, tag=True, tag_field="op"):
+    grant_id: str
+    project: str
+    amount_micros: int
+
+
+class Revoke(Wire, tag=True, tag_field="op"):
+    revoke_id: str
+    project: str
+    amount_micros: int
+
+
+class PutBudget(Wire, tag=True, tag_field="op"):
+    name: str
+    project: str
+    monthly_micros: int
+    generation: int
+    selector: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class PutSweep(Wire, tag=True, tag_field="op"):
+    name: str
+    project: str
+    generation: int
+    max_cost_micros: int | None = None
+
+
+class PutJob(Wire, tag=True, tag_field="op"):
+    name: str
+    project: str
+    generation: int
+    sweep: str | None = None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    max_cost_micros: int | None = None
+
+
+class PlaceHold(Wire, tag=True, tag_field="op"):
+    hold_id: str
+    job: str
+    amount_micros: int
+    funded_until_ms: int
+    at_ms: int
+
+
+class ExtendHold(Wire, tag=True, tag_field="op"):
+    hold_id: str
+    more_micros: int
+    funded_until_ms: int
+
+
+class Charge(Wire, tag=True, tag_field="op"):
+    """A meter tick: charge part of the usage from the hold, which stays open."""
+
+    hold_id: str
+    tick: str
+    amount_micros: int
+
+
+class Capture(Wire, tag=True, tag_field="op"):
+    """The final charge of a hold (beyond its ticks); the rest is released and the hold resolves."""
+
+    hold_id: str
+    amount_micros: int
+
+
+class Release(Wire, tag=True, tag_field="op"):
+    hold_id: str
+
+
+class Expire(Wire, tag=True, tag_field="op"):
+    """Release every open hold whose ``funded_until_ms`` is at or before ``now_ms``."""
+
+    now_ms: int
+
+
+Op = (
+    Grant
+    | Revoke
+    | PutBudget
+    | PutSweep
+    | PutJob
+    | PlaceHold
+    | ExtendHold
+    | Charge
+    | Capture
+    | Release
+    | Expire
+)
+
+
+def op_id(op: Op) -> str:
+    """The deterministic id of an operation: the same request always has the same id."""
+    match op:
+        case Grant():
+            return f"grant:{op.grant_id}"
+        case Revoke():
+            return f"revoke:{op.revoke_id}"
+        case PutBudget():
+            return f"budget:{op.name}:{op.generation}"
+        case PutSweep():
+            return f"sweep:{op.name}:{op.generation}"
+        case PutJob():
+            return f"job:{op.name}:{op.generation}"
+        case PlaceHold():
+            return f"hold:{op.hold_id}:place"
+        case ExtendHold():
+            return f"hold:{op.hold_id}:extend:{op.funded_until_ms}"
+        case Charge():
+            return f"hold:{op.hold_id}:charge:{op.tick}"
+        case Capture():
+            return f"hold:{op.hold_id}:capture"
+        case Release():
+            return f"hold:{op.hold_id}:release"
+        case Expire():
+            return f"expire:{op.now_ms}"
+
+
+def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
+    """Apply one operation to a copy of ``state``: the new state, the result, the entries it posted.
+
+    An operation id applied before returns its first result, the same state and no entries.
+    """
+    key = op_id(op)
+    if key in state.results:
+        return state, state.results[key], []
+    new = _clone(state)
+    result, entries = _HANDLERS[type(op)](new, op, key)
+    posted = post(new.ledger, new.balances, entries)
+    new.results[key] = result
+    return new, result, posted
+
+
+def hold_amount(rate_micros_per_hour: int, window_millis: int) -> int:
+    """What a hold for ``window_millis`` of capacity at ``rate`` reserves (rounded up, as charges are)."""
+    return charge_micros(rate_micros_per_hour, window_millis)
+
+
+def encode(state: State) -> bytes:
+    """The state as JSON, for KV."""
+    return msgspec.json.encode(state)
+
+
+def decode(data: bytes) -> State:
+    """The state back from :func:`encode`."""
+    return msgspec.json.decode(data, type=State)
+
+
+# --- handlers (mutate the cloned state, return the result and the entries to post) -------------------
+
+_Handled = tuple[Result, list[Entry]]
+
+
+def _grant(state: State, op: Grant, key: str) -> _Handled:
+    if op.amount_micros <= 0:
+        return _refuse(key, INVALID, f"grant of {op.amount_micros} µ$", "grant a positive amount"), []
+    return Result(op_id=key), [_entry(key, CREDITS_ISSUED, available_account(op.project), op.amount_micros)]
+
+
+def _revoke(state: State, op: Revoke, key: str) -> _Handled:
+    if op.amount_micros <= 0:
+        return _refuse(key, INVALID, f"revoke of {op.amount_micros} µ$", "revoke a positive amount"), []
+    free = available(state, op.project)
+    if op.amount_micros > free:
+        # Credits that holds reserve or that were spent are never revoked: that could take a balance below
+        # what running work was promised.
+        msg = f"project {op.project} has {_usd(free)} not held; cannot revoke {_usd(op.amount_micros)}"
+        return _refuse(
+            key, INSUFFICIENT_CREDITS, msg, f"revoke at most {_usd(free)}, or release holds first"
+        ), []
+    return Result(op_id=key), [_entry(key, available_account(op.project), CREDITS_ISSUED, op.amount_micros)]
+
+
+def _put_budget(state: State, op: PutBudget, key: str) -> _Handled:
+    if op.monthly_micros < 0:
+        return _refuse(key, INVALID, "a budget's monthly amount is negative", "set it to zero or more"), []
+    old = state.budgets.get(op.name)
+    if old is not None and old.project != op.project:
+        return _refuse(key, CONFLICT, f"budget {op.name} belongs to {old.project}", "use another name"), []
+    if old is None or op.generation > old.generation:
+        state.budgets[op.name] = Budget(
+            project=op.project,
+            monthly_micros=op.monthly_micros,
+            selector=dict(op.selector),
+            generation=op.generation,
+        )
+    return Result(op_id=key), []
+
+
+def _put_sweep(state: State, op: PutSweep, key: str) -> _Handled:
+    old = state.sweeps.get(op.name)
+    if old is not None and old.project != op.project:
+        return _refuse(key, CONFLICT, f"sweep {op.name} belongs to {old.project}", "use another name"), []
+    if old is None or op.generation > old.generation:
+        state.sweeps[op.name] = Sweep(
+            project=op.project, max_cost_micros=op.max_cost_micros, generation=op.generation
+        )
+    return Result(op_id=key), []
+
+
+def _put_job(state: State, op: PutJob, key: str) -> _Handled:
+    old = state.jobs.get(op.name)
+    if old is not None and (old.project, old.sweep) != (op.project, op.sweep):
+        # Spend already attributed to a project and Sweep must stay there.
+        msg = f"job {op.name} belongs to project {old.project}, sweep {old.sweep}"
+        return _refuse(key, CONFLICT, msg, "a Job's project and Sweep never change"), []
+    if op.sweep is not None:
+        sweep = state.sweeps.get(op.sweep)
+        if sweep is None or sweep.project != op.project:
+            msg = f"sweep {op.sweep} is not known in project {op.project}"
+            return _refuse(key, NOT_FOUND, msg, "put the Sweep before its cells"), []
+    if old is None or op.generation > old.generation:
+        unbilled = old.unbilled_micros if old else 0
+        state.jobs[op.name] = Job(
+            project=op.project,
+            sweep=op.sweep,
+            labels=dict(op.labels),
+            max_cost_micros=op.max_cost_micros,
+            generation=op.generation,
+            unbilled_micros=unbilled,
+        )
+    return Result(op_id=key), []
+
+
+def _place_hold(state: State, op: PlaceHold, key: str) -> _Handled:
+    if op.amount_micros <= 0:
+        return _refuse(key, INVALID, f"hold of {op.amount_micros} µ$", "hold a positive amount"), []
+    if op.hold_id in state.holds:
+        return _refuse(key, CONFLICT, f"hold {op.hold_id} exists", "use a new hold id"), []
+    job = state.jobs.get(op.job)
+    if job is None:
+        return _refuse(key, NOT_FOUND, f"job {op.job} is not known to billing", "put the Job first"), []
+    month = month_of(op.at_ms)
+    refusal = _does_not_fit(state, key, op.job, job, job.labels, month, op.amount_micros)
+    if refusal is not None:
+        return refusal, []
+    state.holds[op.hold_id] = Hold(
+        job=op.job,
+        project=job.project,
+        month=month,
+        funded_until_ms=op.funded_until_ms,
+        labels=dict(job.labels),
+        reserved_micros=op.amount_micros,
+    )
+    entry = _entry(key, available_account(job.project), hold_account(op.hold_id), op.amount_micros)
+    return Result(op_id=key), [entry]
+
+
+def _extend(state: State, op: ExtendHold, key: str) -> _Handled:
+    hold, refusal = _open_hold(state, op.hold_id, key)
+    if hold is None:
+        return refusal, []
+    if op.more_micros < 0:
+        return _refuse(key, INVALID, f"extension of {op.more_micros} µ$", "extend by zero or more"), []
+    job = state.jobs[hold.job]
+    over = _does_not_fit(state, key, hold.job, job, hold.labels, hold.month, op.more_micros)
+    if over is not None:
+        return over, []
+    hold.funded_until_ms = max(hold.funded_until_ms, op.funded_until_ms)
+    hold.reserved_micros += op.more_micros
+    entry = _entry(key, available_account(hold.project), hold_account(op.hold_id), op.more_micros)
+    return Result(op_id=key), [entry]
+
+
+def _charge(state: State, op: Charge, key: str) -> _Handled:
+    hold, refusal = _open_hold(state, op.hold_id, key)
+    if hold is None:
+        return refusal, []
+    result, entries = _charge_from(state, op.hold_id, hold, op.amount_micros, key)
+    return result, entries
+
+
+def _capture(state: State, op: Capture, key: str) -> _Handled:
+    hold, refusal = _open_hold(state, op.hold_id, key)
+    if hold is None:
+        return refusal, []
+    result, entries = _charge_from(state, op.hold_id, hold, op.amount_micros, key)
+    if not result.ok:
+        return result, []
+    rest = held(state, op.hold_id) - result.charged_micros
+    result.released_micros = rest
+    return result, [*entries, _resolve(state, op.hold_id, hold, "Captured", rest)]
+
+
+def _release(state: State, op: Release, key: str) -> _Handled:
+    hold, refusal = _open_hold(state, op.hold_id, key)
+    if hold is None:
+        return refusal, []
+    rest = held(state, op.hold_id)
+    return Result(op_id=key, released_micros=rest), [_resolve(state, op.hold_id, hold, "Released", rest)]
+
+
+def _expire(state: State, op: Expire, key: str) -> _Handled:
+    due = [
+        h for h, hold in state.holds.items() if hold.status == "Open" and hold.funded_until_ms <= op.now_ms
+    ]
+    entries = [_resolve(state, h, state.holds[h], "Expired", held(state, h)) for h in due]
+    released = sum(e.amount_micros for e in entries)
+    return Result(op_id=key, released_micros=released, expired=due), entries
+
+
+_HANDLERS: Final[Mapping[type[Any], Callable[[State, Any, str], _Handled]]] = {
+    Grant: _grant,
+    Revoke: _revoke,
+    PutBudget: _put_budget,
+    PutSweep: _put_sweep,
+    PutJob: _put_job,
+    PlaceHold: _place_hold,
+    ExtendHold: _extend,
+    Charge: _charge,
+    Capture: _capture,
+    Release: _release,
+    Expire: _expire,
+}
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+
+
+def _does_not_fit(
+    state: State, key: str, job_name: str, job: Job, labels: Mapping[str, str], month: str, amount: int
+) -> Result | None:
+    """Why ``amount`` more for the Job does not fit, checked cap → Sweep cap → budgets → credits."""
+    if job.max_cost_micros is not None:
+        committed = job_spent(state, job_name) + job_held(state, job_name)
+        if committed + amount > job.max_cost_micros:
+            return _over_cap(key, f"job {job_name}", job.max_cost_micros, committed, amount)
+    if job.sweep is not None:
+        sweep = state.sweeps[job.sweep]
+        if sweep.max_cost_micros is not None:
+            committed = sweep_spent(state, job.sweep) + sweep_held(state, job.sweep)
+            if committed + amount > sweep.max_cost_micros:
+                return _over_cap(key, f"sweep {job.sweep}", sweep.max_cost_micros, committed, amount)
+    for name, budget in sorted(state.budgets.items()):
+        if budget.project != job.project or not matches(budget.selector, labels):
+            continue
+        used = budget_used(state, budget, month)
+        if used + amount > budget.monthly_micros:
+            msg = (
+                f"budget {name} allows {_usd(budget.monthly_micros)} in {month}; {_usd(used)} is used or"
+                f" held, {_usd(amount)} more does not fit"
+            )
+            return _refuse(key, BUDGET_EXCEEDED, msg, f"raise budget {name} or wait for next month")
+    free = available(state, job.project)
+    if amount > free:
+        msg = f"project {job.project} has {_usd(free)} not held; the hold needs {_usd(amount)}"
+        return _refuse(key, INSUFFICIENT_CREDITS, msg, f"add at least {_usd(amount - free)} in credits")
+    return None
+
+
+def _over_cap(key: str, what: str, cap: int, committed: int, amount: int) -> Result:
+    msg = (
+        f"{what} has maxCostUSD {_usd(cap)}; {_usd(committed)} is spent or held,"
+        f" {_usd(amount)} more exceeds it"
+    )
+    fix = f"raise maxCostUSD of {what} to at least {_usd(committed + amount)}"
+    return _refuse(key, MAX_COST_REACHED, msg, fix)
+
+
+def _charge_from(state: State, hold_id: str, hold: Hold, amount: int, key: str) -> _Handled:
+    """Charge up to what the hold still reserves; usage beyond it is reported and recorded, not charged."""
+    if amount < 0:
+        return _refuse(key, INVALID, f"charge of {amount} µ$", "charge zero or more"), []
+    charged = min(amount, held(state, hold_id))
+    overrun = amount - charged
+    hold.charged_micros += charged
+    state.jobs[hold.job].unbilled_micros += overrun
+    entry = _entry(key, hold_account(hold_id), spend_account(hold.job), charged)
+    return Result(op_id=key, charged_micros=charged, overrun_micros=overrun), [entry]
+
+
+def _resolve(state: State, hold_id: str, hold: Hold, status: HoldStatus, rest: int) -> Entry:
+    """Resolve the hold: the one entry id per hold that returns the rest, so it can resolve only once."""
+    hold.status = status
+    return _entry(f"hold:{hold_id}:resolve", hold_account(hold_id), available_account(hold.project), rest)
+
+
+def _open_hold(state: State, hold_id: str, key: str) -> tuple[Hold, Result] | tuple[None, Result]:
+    hold = state.holds.get(hold_id)
+    if hold is None:
+        return None, _refuse(key, NOT_FOUND, f"hold {hold_id} is not known", "place the hold first")
+    if hold.status != "Open":
+        msg = f"hold {hold_id} is already {hold.status.lower()}"
+        return None, _refuse(key, CONFLICT, msg, "place a new hold; a hold resolves once")
+    return hold, Result(op_id=key)
+
+
+def _entry(entry_id: str, source: str, target: str, amount: int) -> Entry:
+    return Entry(id=entry_id, source=source, target=target, amount_micros=amount)
+
+
+def _refuse(key: str, code: str, message: str, fix: str) -> Result:
+    return Result(op_id=key, ok=False, code=code, message=message, fix=fix)
+
+
+def _usd(micros: int) -> str:
+    return f"${micros_to_usd(micros)}"
+
+
+def _clone(state: State) -> State:
+    # A full copy keeps apply() pure: the caller's state is never touched, so a crash between apply and the
+    # KV write loses nothing.
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)

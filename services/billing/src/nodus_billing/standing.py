@@ -1,0 +1,238 @@
+"""The billing state as a value, and what it adds up to: holds, spend, headroom under caps and budgets.
+
+:class:`State` is a msgspec Struct (camelCase JSON) the billing service keeps in KV; :mod:`holding`
+changes it only through ``apply``. The ledger inside it is the truth; ``balances`` is its fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Final, Literal
+
+import msgspec
+
+from nodus_billing.accounting import Entry, available_account, balance, hold_account, spend_account
+from nodus_schema.quantities import micros_to_usd
+from nodus_schema.wire import Wire
+
+INSUFFICIENT_CREDITS: Final = "InsufficientCredits"
+BUDGET_EXCEEDED: Final = "BudgetExceeded"
+MAX_COST_REACHED: Final = "MaxCostReached"
+NOT_FOUND: Final = "NotFound"
+CONFLICT: Final = "Conflict"
+INVALID: Final = "Invalid"
+
+HoldStatus = Literal["Open", "Captured", "Released", "Expired"]
+
+# --- the state ---------------------------------------------------------------------------------------
+
+
+class Budget(Wire):
+    project: str
+    monthly_micros: int
+    selector: dict[str, str] = msgspec.field(default_factory=dict)
+    """Labels an object must carry for the budget to apply; empty applies to the whole project."""
+    generation: int = 0
+
+
+class Sweep(Wire):
+    project: str
+    max_cost_micros: int | None = None
+    generation: int = 0
+
+
+class Job(Wire):
+    project: str
+    sweep: str | None = None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    max_cost_micros: int | None = None
+    generation: int = 0
+    unbilled_micros: int = 0
+    """Usage reported beyond what the Job's holds reserved: recorded, not charged (ADR-0023)."""
+
+
+class Hold(Wire):
+    job: str
+    project: str
+    month: str
+    """The month (``YYYY-MM``, UTC) the hold counts against in budgets: the month it was placed."""
+    funded_until_ms: int
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    status: HoldStatus = "Open"
+    reserved_micros: int = 0
+    """Everything ever reserved by the hold (place + extensions)."""
+    charged_micros: int = 0
+
+
+class Result(Wire):
+    """What an operation did; a refusal carries an error code, a message with the amounts and a fix."""
+
+    op_id: str
+    ok: bool = True
+    code: str | None = None
+    message: str | None = None
+    fix: str | None = None
+    charged_micros: int = 0
+    overrun_micros: int = 0
+    """Usage reported beyond the hold: not charged (Nodus absorbs it), and added to the Job's unbilled."""
+    released_micros: int = 0
+    expired: list[str] = msgspec.field(default_factory=list)
+
+
+class State(Wire):
+    budgets: dict[str, Budget] = msgspec.field(default_factory=dict)
+    sweeps: dict[str, Sweep] = msgspec.field(default_factory=dict)
+    jobs: dict[str, Job] = msgspec.field(default_factory=dict)
+    holds: dict[str, Hold] = msgspec.field(default_factory=dict)
+    ledger: dict[str, Entry] = msgspec.field(default_factory=dict)
+    """Append-only, in posting order, keyed by entry id."""
+    balances: dict[str, int] = msgspec.field(default_factory=dict)
+    """The ledger folded (non-zero accounts only); always equal to ``fold(ledger.values())``."""
+    results: dict[str, Result] = msgspec.field(default_factory=dict)
+    """The result of every applied operation id: what makes a replay return the same answer."""
+
+
+# --- reading the state -------------------------------------------------------------------------------
+
+
+def month_of(at_ms: int) -> str:
+    """The UTC month (``YYYY-MM``) of an epoch-milliseconds instant."""
+    return datetime.fromtimestamp(at_ms // 1000, tz=UTC).strftime("%Y-%m")
+
+
+def held(state: State, hold_id: str) -> int:
+    """What a hold still reserves."""
+    return balance(state.balances, hold_account(hold_id))
+
+
+def available(state: State, project: str) -> int:
+    """A project's credits no hold reserves."""
+    return balance(state.balances, available_account(project))
+
+
+def project_held(state: State, project: str) -> int:
+    """Everything a project's open holds reserve."""
+    return sum(held(state, h) for h, hold in state.holds.items() if hold.project == project)
+
+
+def job_spent(state: State, job: str) -> int:
+    """What a Job has been charged."""
+    return balance(state.balances, spend_account(job))
+
+
+def job_held(state: State, job: str) -> int:
+    """What a Job's open holds reserve."""
+    return sum(held(state, h) for h, hold in state.holds.items() if hold.job == job)
+
+
+def sweep_spent(state: State, sweep: str) -> int:
+    """What all the cells of a Sweep have been charged."""
+    return sum(job_spent(state, name) for name, job in state.jobs.items() if job.sweep == sweep)
+
+
+def sweep_held(state: State, sweep: str) -> int:
+    """What the open holds of all the cells of a Sweep reserve."""
+    return sum(job_held(state, name) for name, job in state.jobs.items() if job.sweep == sweep)
+
+
+def budget_used(state: State, budget: Budget, month: str) -> int:
+    """What the holds counted in ``month`` that match the budget reserve or have been charged."""
+    return sum(
+        hold.charged_micros + held(state, h)
+        for h, hold in state.holds.items()
+        if hold.project == budget.project and hold.month == month and matches(budget.selector, hold.labels)
+    )
+
+
+def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """Whether labels carry every label of a selector (an empty selector matches everything)."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+# --- what must stop, and what may resume -------------------------------------------------------------
+
+
+class Suspension(Wire):
+    """An object that cannot fund one more billing increment, with the reason and the fix."""
+
+    kind: Literal["Job", "Sweep", "Project"]
+    name: str
+    reason: str
+    message: str
+    fix: str
+
+
+def suspensions(state: State, increment_micros: int) -> list[Suspension]:
+    """Every Job and Sweep at its cap (MaxCostReached) and every project out of credit (InsufficientCredits).
+
+    "At its cap" means the headroom left (cap − spent − held) cannot fund one more ``increment_micros``:
+    its running work must checkpoint and stop when its holds run out. A cell of a Sweep at its cap is
+    listed too. Raising the cap (or granting credits) takes the object off this list: it is resumable.
+    """
+    out: list[Suspension] = []
+    for name, sweep in sorted(state.sweeps.items()):
+        room = _sweep_room(state, name, sweep)
+        if room is not None and room < increment_micros:
+            out.append(_capped("Sweep", name, sweep.max_cost_micros or 0, room))
+    for name, job in sorted(state.jobs.items()):
+        capped = _job_capped(state, name, job, increment_micros)
+        if capped is not None:
+            out.append(capped)
+    for project in sorted({job.project for job in state.jobs.values()}):
+        free = available(state, project)
+        if free < increment_micros:
+            msg = (
+                f"project {project} has {_usd(free)} not held, under one increment ({_usd(increment_micros)})"
+            )
+            fix = f"add at least {_usd(increment_micros - free)} in credits"
+            out.append(
+                Suspension(kind="Project", name=project, reason=INSUFFICIENT_CREDITS, message=msg, fix=fix)
+            )
+    return out
+
+
+def resumable(state: State, job: str, increment_micros: int) -> bool:
+    """Whether a suspended Job may resume: neither it, its Sweep nor its project is on the suspension list."""
+    record = state.jobs[job]
+    blocking = {("Job", job), ("Project", record.project)}
+    if record.sweep is not None:
+        blocking.add(("Sweep", record.sweep))
+    return not any((s.kind, s.name) in blocking for s in suspensions(state, increment_micros))
+
+
+def _job_capped(state: State, name: str, job: Job, increment_micros: int) -> Suspension | None:
+    """The Job's own cap first; then its Sweep's, which stops every cell."""
+    room = _job_room(state, name, job)
+    if room is not None and room < increment_micros:
+        return _capped("Job", name, job.max_cost_micros or 0, room)
+    if job.sweep is None:
+        return None
+    sweep = state.sweeps[job.sweep]
+    room = _sweep_room(state, job.sweep, sweep)
+    if room is not None and room < increment_micros:
+        return _capped("Job", name, sweep.max_cost_micros or 0, room, via=f"sweep {job.sweep}")
+    return None
+
+
+def _job_room(state: State, name: str, job: Job) -> int | None:
+    if job.max_cost_micros is None:
+        return None
+    return job.max_cost_micros - job_spent(state, name) - job_held(state, name)
+
+
+def _sweep_room(state: State, name: str, sweep: Sweep) -> int | None:
+    if sweep.max_cost_micros is None:
+        return None
+    return sweep.max_cost_micros - sweep_spent(state, name) - sweep_held(state, name)
+
+
+def _capped(kind: Literal["Job", "Sweep"], name: str, cap: int, room: int, via: str = "") -> Suspension:
+    owner = via or f"{kind.lower()} {name}"
+    msg = f"{kind} {name}: {_usd(max(room, 0))} left under the maxCostUSD {_usd(cap)} of {owner}"
+    fix = f"raise the maxCostUSD of {owner} above {_usd(cap - room)} to resume"
+    return Suspension(kind=kind, name=name, reason=MAX_COST_REACHED, message=msg, fix=fix)
+
+
+def _usd(micros: int) -> str:
+    return f"${micros_to_usd(micros)}"

@@ -1,0 +1,275 @@
+"""A hypothesis state machine over billing's pure core: the invariants of issue #7 hold after every step."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from nodus_billing.accounting import fold
+from nodus_billing.holding import (
+    Capture,
+    Charge,
+    Expire,
+    ExtendHold,
+    Grant,
+    Op,
+    PlaceHold,
+    PutBudget,
+    PutJob,
+    PutSweep,
+    Release,
+    Revoke,
+    apply,
+    decode,
+    encode,
+)
+from nodus_billing.standing import (
+    Result,
+    State,
+    available,
+    held,
+    job_held,
+    job_spent,
+    sweep_held,
+    sweep_spent,
+)
+from nodus_schema.ledger import charge_micros
+
+PROJECTS = ("p", "q")
+START = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+RATE = 3_600_000  # µ$/h: one micro-dollar per millisecond keeps amounts small and readable
+amounts = st.integers(min_value=0, max_value=400)
+
+
+class Billing(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = State()
+        self.history: list[tuple[Op, Result]] = []
+        self.now = START
+        self.generations: Counter[str] = Counter()
+        self.granted: Counter[str] = Counter()  # net of revokes, per project
+        self.charged: Counter[str] = Counter()  # per job, from the results alone
+        self.resolutions: Counter[str] = Counter()
+        self.serial = 0
+
+    def do(self, op: Op) -> Result:
+        self.state, result, _ = apply(self.state, op)
+        self.history.append((op, result))
+        return result
+
+    def fresh(self, prefix: str) -> str:
+        self.serial += 1
+        return f"{prefix}{self.serial}"
+
+    def open_holds(self) -> list[str]:
+        return sorted(h for h, hold in self.state.holds.items() if hold.status == "Open")
+
+    # --- accounts, budgets, objects ---
+
+    @rule(project=st.sampled_from(PROJECTS), amount=st.integers(min_value=1, max_value=2000))
+    def grant(self, project: str, amount: int) -> None:
+        if self.do(Grant(grant_id=self.fresh("g"), project=project, amount_micros=amount)).ok:
+            self.granted[project] += amount
+
+    @rule(project=st.sampled_from(PROJECTS), amount=st.integers(min_value=1, max_value=2000))
+    def revoke(self, project: str, amount: int) -> None:
+        free = available(self.state, project)
+        result = self.do(Revoke(revoke_id=self.fresh("r"), project=project, amount_micros=amount))
+        assert result.ok == (amount <= free)
+        if result.ok:
+            self.granted[project] -= amount
+
+    @rule(
+        project=st.sampled_from(PROJECTS),
+        team=st.sampled_from(["", "a", "b"]),
+        monthly=st.integers(min_value=0, max_value=3000),
+    )
+    def put_budget(self, project: str, team: str, monthly: int) -> None:
+        name = f"budget-{project}-{team or 'all'}"
+        self.generations[name] += 1
+        selector = {"team": team} if team else {}
+        op = PutBudget(
+            name=name,
+            project=project,
+            monthly_micros=monthly,
+            generation=self.generations[name],
+            selector=selector,
+        )
+        assert self.do(op).ok
+
+    @rule(project=st.sampled_from(PROJECTS), cap=st.none() | st.integers(min_value=0, max_value=150))
+    def put_sweep(self, project: str, cap: int | None) -> None:
+        name = self.fresh("s")
+        self.generations[name] = 1
+        assert self.do(PutSweep(name=name, project=project, generation=1, max_cost_micros=cap)).ok
+
+    @rule(data=st.data(), cap=st.none() | amounts, team=st.sampled_from(["a", "b"]))
+    def put_job(self, data: st.DataObject, cap: int | None, team: str) -> None:
+        # Cells are drawn more often than lone Jobs: the shared Sweep cap is the subtle rule.
+        sweep = data.draw(st.sampled_from([None, *sorted(self.state.sweeps), *sorted(self.state.sweeps)]))
+        project = self.state.sweeps[sweep].project if sweep else data.draw(st.sampled_from(PROJECTS))
+        name = self.fresh("j")
+        self.generations[name] = 1
+        op = PutJob(
+            name=name, project=project, generation=1, sweep=sweep, labels={"team": team}, max_cost_micros=cap
+        )
+        assert self.do(op).ok
+
+    @precondition(lambda self: self.state.jobs or self.state.sweeps)
+    @rule(data=st.data(), more=st.integers(min_value=1, max_value=300))
+    def raise_cap(self, data: st.DataObject, more: int) -> None:
+        name = data.draw(st.sampled_from(sorted(self.state.jobs) + sorted(self.state.sweeps)))
+        self.generations[name] += 1
+        gen = self.generations[name]
+        if name in self.state.jobs:
+            job = self.state.jobs[name]
+            cap = None if job.max_cost_micros is None else job.max_cost_micros + more
+            op: Op = PutJob(
+                name=name,
+                project=job.project,
+                generation=gen,
+                sweep=job.sweep,
+                labels=job.labels,
+                max_cost_micros=cap,
+            )
+        else:
+            sweep = self.state.sweeps[name]
+            cap = None if sweep.max_cost_micros is None else sweep.max_cost_micros + more
+            op = PutSweep(name=name, project=sweep.project, generation=gen, max_cost_micros=cap)
+        assert self.do(op).ok
+
+    # --- holds: cell start, extend, meter tick, capture (cell stop), cancel, expire ---
+
+    @precondition(lambda self: self.state.jobs)
+    @rule(data=st.data(), window_ms=st.integers(min_value=1, max_value=300))
+    def start_cell(self, data: st.DataObject, window_ms: int) -> None:
+        job = data.draw(st.sampled_from(sorted(self.state.jobs)))
+        amount = charge_micros(RATE, window_ms)
+        op = PlaceHold(
+            hold_id=self.fresh("h"),
+            job=job,
+            amount_micros=amount,
+            funded_until_ms=self.now + window_ms,
+            at_ms=self.now,
+        )
+        result = self.do(op)
+        assert result.ok or result.code in {"InsufficientCredits", "BudgetExceeded", "MaxCostReached"}
+        assert result.ok or (result.message and result.fix)
+
+    @precondition(lambda self: self.open_holds())
+    @rule(data=st.data(), window_ms=st.integers(min_value=0, max_value=200))
+    def extend(self, data: st.DataObject, window_ms: int) -> None:
+        hold_id = data.draw(st.sampled_from(self.open_holds()))
+        until = self.state.holds[hold_id].funded_until_ms + window_ms
+        self.do(
+            ExtendHold(hold_id=hold_id, more_micros=charge_micros(RATE, window_ms), funded_until_ms=until)
+        )
+
+    @precondition(lambda self: self.open_holds())
+    @rule(data=st.data(), amount=amounts)
+    def meter_tick(self, data: st.DataObject, amount: int) -> None:
+        hold_id = data.draw(st.sampled_from(self.open_holds()))
+        before = held(self.state, hold_id)
+        result = self.do(Charge(hold_id=hold_id, tick=self.fresh("t"), amount_micros=amount))
+        assert (result.charged_micros, result.overrun_micros) == (
+            min(amount, before),
+            max(0, amount - before),
+        )
+        self.charged[self.state.holds[hold_id].job] += result.charged_micros
+
+    @precondition(lambda self: self.open_holds())
+    @rule(data=st.data(), amount=amounts)
+    def stop_cell(self, data: st.DataObject, amount: int) -> None:
+        hold_id = data.draw(st.sampled_from(self.open_holds()))
+        before = held(self.state, hold_id)
+        result = self.do(Capture(hold_id=hold_id, amount_micros=amount))
+        assert result.charged_micros + result.released_micros == before
+        assert result.charged_micros + result.overrun_micros == amount
+        self.charged[self.state.holds[hold_id].job] += result.charged_micros
+        self.resolutions[hold_id] += 1
+
+    @precondition(lambda self: self.open_holds())
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        hold_id = data.draw(st.sampled_from(self.open_holds()))
+        assert self.do(Release(hold_id=hold_id)).ok
+        self.resolutions[hold_id] += 1
+
+    @rule(advance_ms=st.integers(min_value=0, max_value=300))
+    def expire(self, advance_ms: int) -> None:
+        self.now += advance_ms
+        fresh = f"expire:{self.now}" not in self.state.results
+        result = self.do(Expire(now_ms=self.now))
+        # The same instant twice is a redelivery: its first result comes back, nothing resolves again.
+        for hold_id in result.expired if fresh else []:
+            self.resolutions[hold_id] += 1
+
+    @precondition(lambda self: self.state.holds)
+    @rule(data=st.data())
+    def act_on_a_resolved_hold(self, data: st.DataObject) -> None:
+        hold_id = data.draw(st.sampled_from(sorted(self.state.holds)))
+        if self.state.holds[hold_id].status != "Open":
+            result = self.do(Release(hold_id=hold_id))
+            assert result.code == "Conflict" or result == self.state.results[result.op_id]
+
+    # --- crashes and redelivery ---
+
+    @rule()
+    def restart_billing(self) -> None:
+        self.state = decode(encode(self.state))
+
+    @precondition(lambda self: self.history)
+    @rule(data=st.data())
+    def redeliver(self, data: st.DataObject) -> None:
+        op, first = data.draw(st.sampled_from(self.history))
+        before = encode(self.state)
+        self.state, again, posted = apply(self.state, op)
+        assert again == first and posted == [] and encode(self.state) == before
+
+    # --- invariants ---
+
+    @invariant()
+    def ledger_folds_to_every_balance(self) -> None:
+        assert self.state.balances == fold(self.state.ledger.values())
+        assert sum(self.state.balances.values()) == 0
+
+    @invariant()
+    def nothing_goes_below_zero(self) -> None:
+        for account, amount in self.state.balances.items():
+            assert amount >= 0 or account == "credits:issued", (account, amount)
+
+    @invariant()
+    def spend_and_holds_stay_under_every_cap(self) -> None:
+        for name, job in self.state.jobs.items():
+            if job.max_cost_micros is not None:
+                assert job_spent(self.state, name) + job_held(self.state, name) <= job.max_cost_micros
+        for name, sweep in self.state.sweeps.items():
+            if sweep.max_cost_micros is not None:
+                assert sweep_spent(self.state, name) + sweep_held(self.state, name) <= sweep.max_cost_micros
+
+    @invariant()
+    def no_hold_resolves_twice(self) -> None:
+        assert all(count == 1 for count in self.resolutions.values())
+        for hold_id, hold in self.state.holds.items():
+            assert (hold.status != "Open") == (self.resolutions[hold_id] == 1)
+            assert hold.status == "Open" or held(self.state, hold_id) == 0
+
+    @invariant()
+    def totals_are_exact(self) -> None:
+        for name in self.state.jobs:
+            assert job_spent(self.state, name) == self.charged[name]
+        for project in PROJECTS:
+            jobs = [n for n, j in self.state.jobs.items() if j.project == project]
+            spent = sum(job_spent(self.state, n) for n in jobs)
+            holding = sum(job_held(self.state, n) for n in jobs)
+            assert available(self.state, project) + holding + spent == self.granted[project]
+
+
+Billing.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestBilling = Billing.TestCase
