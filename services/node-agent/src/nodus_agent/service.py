@@ -15,7 +15,7 @@ import contextlib
 import logging
 from typing import Any
 
-from nodus_agent import inputs
+from nodus_agent import inputs, retaining
 from nodus_agent.gpuhealth import GPUHealth, runner_stopper
 from nodus_agent.inventory import Inventory, resolve
 from nodus_agent.outbox import Outbox, outbox_dir
@@ -25,10 +25,12 @@ from nodus_agent.reporting import Reporter
 from nodus_agent.running import Runner
 from nodus_agent.runtimes import ProcessRuntime, Runtime
 from nodus_agent.settings import AgentSettings
+from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Check, Service, Settings
 from nodus_kit.storing import ObjectStore
 from nodus_schema.configs import Connection, Secret
+from nodus_schema.jobs import Job
 from nodus_schema.messages import Assignment
 from nodus_schema.nodes import Node
 
@@ -56,6 +58,7 @@ class AgentService(Service):
         self.outbox: Outbox | None = None
         self.health: GPUHealth | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._retention: asyncio.Task[None] | None = None
         self._exits = contextlib.AsyncExitStack()
 
     async def start(self) -> None:
@@ -80,6 +83,8 @@ class AgentService(Service):
         runtime = await self._runtime(inventory, toolkit)
         self.runner = Runner(self.agent, Reporter(js, self.agent.node, self.outbox), runtime, toolkit)
         await self.runner.recover()
+        if toolkit.s3 is not None and toolkit.store is not None:
+            self._retention = asyncio.create_task(self._retain(toolkit), name="checkpoint-retention")
         health = GPUHealth(self.agent, self.registration, runner_stopper(self.runner))
         self.runner.drained = lambda: health.faults[-1].message if health.faults else None
         self.health = health
@@ -92,6 +97,14 @@ class AgentService(Service):
             typ=Assignment,  # type: ignore[arg-type]  # a union is a valid msgspec type, not a class
             handler=self.runner.handle,
         ).start()
+
+    async def _retain(self, toolkit: Toolkit) -> None:
+        """retainAfterFinish, by one agent of the fleet at a time (retaining.py says why)."""
+        assert toolkit.s3 is not None and toolkit.store is not None
+        client, bucket = toolkit.s3, toolkit.store.bucket
+        jobs = ObjectStore(self.bus, "jobs", Job)
+        lease = Lease(self.bus, retaining.LEASE, holder=self.agent.node, ttl_s=30)
+        await run_as_leader(lease, lambda: retaining.run(client, bucket, jobs), stop=self.stopping)
 
     async def _toolkit(self) -> Toolkit:
         store = await asyncio.to_thread(self.agent.s3_settings)  # reads the credentials file once
@@ -141,6 +154,10 @@ class AgentService(Service):
             await self.runner.shutdown()
         if self.outbox is not None:
             await self.outbox.close(drain_s=OUTBOX_DRAIN_S)
+        if self._retention is not None:
+            self._retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

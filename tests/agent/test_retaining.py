@@ -1,0 +1,99 @@
+"""retainAfterFinish against SeaweedFS: which Jobs' checkpoints a retention pass deletes, which it keeps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from nodus_agent import retaining, s3
+from nodus_agent.checkpointing import Checkpointer
+from nodus_kit.errors import NotFound
+from nodus_schema.jobs import CheckpointPolicy, Job, JobSpec, JobStatus, Recovery
+from nodus_schema.meta import ObjectMeta, format_time
+from nodus_testing.seaweed import SeaweedS3
+
+NAMESPACE = "team-a"
+
+
+def job(name: str, uid: str, *, finished: datetime | None = None, retain: str | None = None) -> Job:
+    status = JobStatus(phase="Succeeded", completion_time=format_time(finished)) if finished else JobStatus()
+    recovery = Recovery(checkpoint=CheckpointPolicy(retain_after_finish=retain)) if retain else None
+    return Job(
+        metadata=ObjectMeta(name=name, namespace=NAMESPACE, uid=uid),
+        spec=JobSpec(image="x", recovery=recovery),
+        status=status,
+    )
+
+
+class Jobs:
+    def __init__(self, *jobs: Job) -> None:
+        self.jobs = {j.metadata.name: j for j in jobs}
+
+    async def get(self, namespace: str | None, name: str) -> Job:
+        if name not in self.jobs:
+            raise NotFound(name)
+        return self.jobs[name]
+
+
+def test_which_jobs_are_expired() -> None:
+    now = datetime.now(UTC)
+    uid = "0123456789abcdef"
+    assert retaining.expired(None, uid[:8], now)  # deleted
+    assert retaining.expired(job("a", "ffffffff00000000"), uid[:8], now)  # a new Job of that name
+    assert not retaining.expired(job("a", uid), uid[:8], now)  # still running
+    done = now - timedelta(hours=2)
+    assert not retaining.expired(job("a", uid, finished=done), uid[:8], now)  # 168h by default
+    assert retaining.expired(job("a", uid, finished=done, retain="1h"), uid[:8], now)
+    assert not retaining.expired(job("a", uid, finished=done, retain="3h"), uid[:8], now)
+
+
+@pytest.mark.s3
+async def test_a_pass_deletes_expired_checkpoints_and_keeps_the_rest(
+    seaweed: SeaweedS3, unique: str, tmp_path: Path
+) -> None:
+    store = s3.S3Settings(
+        bucket=f"{unique}-ret",
+        endpoint=seaweed.endpoint_url,
+        region=seaweed.region,
+        access_key=seaweed.access_key,
+        secret_key=seaweed.secret_key,
+    )
+    now = datetime.now(UTC)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "weights.bin").write_bytes(b"x" * 4096)
+    kept_uid, gone_uid, old_uid = "aaaaaaaa11111111", "bbbbbbbb22222222", "cccccccc33333333"
+    async with s3.client(store) as client:
+        await client.create_bucket(Bucket=store.bucket)
+        for name, uid in (("running", kept_uid), ("deleted", gone_uid), ("old", old_uid)):
+            ckpt = Checkpointer(
+                client,
+                store.bucket,
+                namespace=NAMESPACE,
+                job=f"{name}-{uid[:8]}",
+                index=0,
+                attempt=f"{name}-a1",
+            )
+            await ckpt.take({"/nodus/state": state}, "Interval")
+        # An output folder beside them (no uid suffix): never the retention's to delete.
+        await client.put_object(Bucket=store.bucket, Key=f"{NAMESPACE}/running/0/outputs/result", Body=b"r")
+        jobs = Jobs(
+            job("running", kept_uid),
+            job("old", old_uid, finished=now - timedelta(days=8)),  # past the 168h default
+        )
+        # A moment later than every object written (S3's LastModified is what a pass compares).
+        deleted = await retaining.sweep(
+            client, store.bucket, jobs, now=datetime.now(UTC) + timedelta(seconds=5)
+        )
+        left = sorted(
+            o["Key"]
+            for page in [await client.list_objects_v2(Bucket=store.bucket, Prefix=f"{NAMESPACE}/")]
+            for o in page.get("Contents", [])
+        )
+
+    assert deleted >= 4  # two Jobs' archive, manifest and latest
+    assert all(f"running-{kept_uid[:8]}" in k or "/outputs/" in k for k in left), left
+    assert any(k.endswith("/latest") for k in left)
+    assert f"{NAMESPACE}/running/0/outputs/result" in left
