@@ -301,6 +301,11 @@ class Runner:
             exit = await self._watch(run)
             wall = _ms_since(run.began)
             await self.runtime.release(run.running)
+            if shipper is not None:
+                # The whole log on the bus before the finish: a follower (`nodus logs -f`) stops once the
+                # Job has ended and everything published before that was read.
+                await shipper.close(final=True)
+                shipper = None
             rate = run.tail.poll(final=True)
             if rate is not None:
                 run.rates.append(rate)
