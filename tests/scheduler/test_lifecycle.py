@@ -60,13 +60,10 @@ async def test_a_non_zero_exit_spends_backoff_limit(make_rig: Callable[..., Any]
 async def test_a_node_lost_mid_run_gets_a_new_attempt_and_leaves_backoff_alone(
     make_rig: Callable[..., Any],
 ) -> None:
-    runs = {"first": True}
-
     def hang_first(s: StartAttempt) -> tuple[float | None, int]:
-        if runs["first"]:
-            runs["first"] = False
-            return (None, 0)  # runs until its node vanishes
-        return (0.0, 0)
+        # By attempt number, not by call order: the first run's script may never be called if its node
+        # goes silent before the fleet reported it started (then a flag would hang the replacement).
+        return (None, 0) if s.attempt_no == 1 else (0.0, 0)  # the first runs until its node vanishes
 
     async with make_rig(hang_first, nodes=2) as rig:
         await rig.submit("lost", backoffLimit=0)
@@ -162,7 +159,9 @@ async def test_raising_parallelism_starts_more_at_once(make_rig: Callable[..., A
         await rig.submit("p", completions=4, parallelism=1)
         await eventually(lambda: len(rig.fleet.running) == 1, message="the first run never started")
         await rig.set_spec("p", parallelism=3)
-        await eventually(lambda: len(rig.fleet.running) == 3, message="parallelism 3 never ran 3")
+        await eventually(
+            lambda: len(rig.fleet.running) == 3, deadline_s=30, message="parallelism 3 never ran 3"
+        )
 
 
 async def test_ttl_after_finished_deletes_the_job_and_its_attempts(make_rig: Callable[..., Any]) -> None:
