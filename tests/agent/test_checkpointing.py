@@ -12,23 +12,20 @@ import hashlib
 import io
 import json
 import os
-import secrets
 import signal
 import stat
 import sys
 import tarfile
 import textwrap
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import pytest_asyncio
 import zstandard
 
-from nodus_agent import archiving, s3, uploading
+from nodus_agent import archiving, uploading
 from nodus_agent.checkpointing import (
     DONE_FILE,
     READY_FILE,
@@ -44,6 +41,9 @@ from nodus_agent.checkpointing import (
 )
 from nodus_testing.seaweed import SeaweedS3
 from nodus_testing.waiting import eventually
+
+if TYPE_CHECKING:  # the fixtures' type; the fixtures themselves are tests/agent/conftest.py's
+    from tests.agent.conftest import Store
 
 MiB = 1 << 20
 STATE = "/nodus/state"
@@ -93,36 +93,6 @@ def tree(root: Path, skip: tuple[str, ...] = (".nodus",)) -> dict[str, tuple[str
             else:
                 found[rel] = (f"file {mode}", hashlib.sha256(p.read_bytes()).hexdigest())
     return found
-
-
-@dataclass(frozen=True)
-class Store:
-    """One test's corner of the module's bucket: every key it writes starts with ``root``."""
-
-    client: Any
-    bucket: str
-    root: str
-
-
-@pytest_asyncio.fixture(scope="module")
-async def bucket(seaweed: SeaweedS3) -> AsyncIterator[tuple[Any, str]]:
-    """One client and bucket per module (a client costs a few hundred ms to build); tests keep apart by
-    key prefix."""
-    name = f"ckpt-{secrets.token_hex(4)}"
-    settings = s3.S3Settings(
-        bucket=name,
-        endpoint=seaweed.endpoint_url,
-        access_key=seaweed.access_key,
-        secret_key=seaweed.secret_key,
-    )
-    async with s3.client(settings) as client:
-        await client.create_bucket(Bucket=name)
-        yield client, name
-
-
-@pytest.fixture
-def store(bucket: tuple[Any, str], unique: str) -> Store:
-    return Store(bucket[0], bucket[1], f"{unique}/")
 
 
 def checkpointer(store: Store, attempt: str = "job-a-0-a1", index: int = 0, **kw: Any) -> Checkpointer:

@@ -6,16 +6,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import secrets
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import pytest_asyncio
 
-from nodus_agent import archiving, s3, uploading
+from nodus_agent import archiving, uploading
 from nodus_agent.outputs import (
     DeclaredOutput,
     OutputRecord,
@@ -24,41 +20,14 @@ from nodus_agent.outputs import (
     output_key,
     upload_outputs,
 )
-from nodus_testing.seaweed import SeaweedS3
+
+if TYPE_CHECKING:  # the fixtures' type; the fixtures themselves are tests/agent/conftest.py's
+    from tests.agent.conftest import Store
 
 MiB = 1 << 20
 PREFIX = "team-a/train/2/outputs/"
 
 pytestmark = pytest.mark.s3
-
-
-@dataclass(frozen=True)
-class Store:
-    """One test's corner of the module's bucket: every key it writes starts with ``root``."""
-
-    client: Any
-    bucket: str
-    root: str
-
-
-@pytest_asyncio.fixture(scope="module")
-async def bucket(seaweed: SeaweedS3) -> AsyncIterator[tuple[Any, str]]:
-    """One client and bucket per module; tests keep apart by key prefix."""
-    name = f"outputs-{secrets.token_hex(4)}"
-    settings = s3.S3Settings(
-        bucket=name,
-        endpoint=seaweed.endpoint_url,
-        access_key=seaweed.access_key,
-        secret_key=seaweed.secret_key,
-    )
-    async with s3.client(settings) as client:
-        await client.create_bucket(Bucket=name)
-        yield client, name
-
-
-@pytest.fixture
-def store(bucket: tuple[Any, str], unique: str) -> Store:
-    return Store(bucket[0], bucket[1], f"{unique}/")
 
 
 async def upload(store: Store, **kw: Any) -> list[OutputRecord]:
