@@ -94,6 +94,17 @@ def bare_spec(**kwargs: object) -> ContainerSpec:
     return ContainerSpec(**fields)  # type: ignore[arg-type]
 
 
+def test_engine_errors_map_to_what_the_runtime_handles() -> None:
+    from nodus_agent.dockerapi import Conflict, DockerError, NotFound, _error
+
+    gone = b'{"message": "container 0a81 does not exist in database: no such container"}'
+    assert isinstance(_error(404, b'{"message": "no such container"}'), NotFound)
+    assert isinstance(_error(500, gone), NotFound), "podman's answer to a wait on a removed container"
+    assert isinstance(_error(409, b"{}"), Conflict)
+    other = _error(500, b'{"message": "disk full"}')
+    assert type(other) is DockerError and other.message == "disk full"
+
+
 def test_gpu_device_requests_body() -> None:
     body = create_body(bare_spec(gpu_ids=("0", "3")), "n1", "main")
     assert body["HostConfig"]["DeviceRequests"] == [

@@ -79,6 +79,7 @@ REPORT_PATH: Final = "/nodus/report.jsonl"
 _CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*")
 SIGKILL_EXIT: Final = 137  # 128 + SIGKILL: what the OOM killer (and a stop past its grace) leaves
 LOG_TAIL_LINES: Final = 20
+LOG_DRAIN_S: Final = 2.0  # how long a followed stream may run on after its container exited
 
 
 # -- the spec ---------------------------------------------------------------------------------------------
@@ -750,6 +751,25 @@ class ContainerRuntime:
                     raise
 
     async def _copy_logs(self, cid: str, path: Path) -> None:
+        """Copy the followed stream until it ends, or until a moment after the container has exited:
+        podman sometimes keeps a followed stream open after its container is gone (seen on a re-adopted
+        container), and the plain read that follows repairs whatever the cut-off stream missed."""
+        copying = asyncio.create_task(self._copy_stream(cid, path))
+        exiting = asyncio.create_task(self.api.wait(cid))
+        try:
+            await asyncio.wait({copying, exiting}, return_when=asyncio.FIRST_COMPLETED)
+            if not copying.done():
+                await asyncio.wait({copying}, timeout=LOG_DRAIN_S)
+        finally:
+            for task in (copying, exiting):
+                task.cancel()
+            await asyncio.gather(exiting, return_exceptions=True)
+        if not copying.cancelled() and copying.done():
+            copying.result()  # the stream's own error (EngineUnavailable, NotFound) goes to the caller
+        else:
+            await asyncio.gather(copying, return_exceptions=True)
+
+    async def _copy_stream(self, cid: str, path: Path) -> None:
         cursor = await asyncio.to_thread(LogCursor.resume, path)
         since = unix_time(cursor.since) if cursor.since else None
         stream = self.api.logs(cid, follow=True, timestamps=True, since=since)

@@ -85,7 +85,8 @@ def _error(status: int, body: bytes) -> DockerError:
     except (ValueError, AttributeError):
         message = ""
     message = message or body.decode(errors="replace").strip() or f"HTTP {status}"
-    if status == 404:
+    # podman answers a wait on a container removed meanwhile with 500 "... no such container"
+    if status == 404 or (status == 500 and "no such container" in message):
         return NotFound(status, message)
     if status == 409 or (status == 500 and any(h in message for h in _CONFLICT_HINTS)):
         return Conflict(status, message)
