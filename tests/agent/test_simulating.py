@@ -363,7 +363,12 @@ async def test_a_job_of_40_indexes_runs_to_exact_counts_on_simulated_nodes(
     with NatsServer() as server:  # the scheduler takes every Job and Node in sight: a server of its own
         nc = await connect(server.url, "test")
         await declaring.ensure(nc.jetstream())
-        env = {"NODUS_NATS_URL": server.url, "NODUS_REPLICA": unique, "NODUS_RESYNC_S": "2"}
+        env = {
+            "NODUS_NATS_URL": server.url,
+            "NODUS_REPLICA": unique,
+            "NODUS_RESYNC_S": "2",
+            "NODUS_FUNDING": "off",  # no billing here
+        }
         scheduler = SchedulerService(Settings.from_env("nodus-scheduler", env))
         task = asyncio.create_task(scheduler.run())
         try:

@@ -66,7 +66,7 @@ def test_a_hold_moves_credits_from_available_to_the_hold() -> None:
 def test_a_hold_beyond_the_balance_is_refused_with_insufficient_credits() -> None:
     state, result = run(funded(100), hold("a", 60), hold("b", 41))
     assert (result.ok, result.code) == (False, "InsufficientCredits")
-    assert "$0.00004 not held" in (result.message or "") and "add at least $0.000001" in (result.fix or "")
+    assert "$0.00004 not held" in (result.message or "") and "grant at least $0.000001" in (result.fix or "")
     assert "b" not in state.holds
 
 

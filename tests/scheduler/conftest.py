@@ -25,6 +25,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.api import ConsumerConfig
 
+from nodus_billing.service import BillingService
 from nodus_kit import declaring, messaging
 from nodus_kit.connecting import connect
 from nodus_kit.servicing import Settings
@@ -230,6 +231,8 @@ class Rig:
     nc: NATS
     fleet: Fleet
     scheduler: SchedulerService | None = None
+    billing: BillingService | None = None
+    funding: bool = False
 
     @property
     def jobs(self) -> ObjectStore[Job]:
@@ -242,13 +245,37 @@ class Rig:
     async def start_scheduler(self) -> SchedulerService:
         settings = Settings.from_env(
             "nodus-scheduler",
-            {"NODUS_NATS_URL": self.server.url, "NODUS_REPLICA": "test", "NODUS_RESYNC_S": "2"},
+            {
+                "NODUS_NATS_URL": self.server.url,
+                "NODUS_REPLICA": "test",
+                "NODUS_RESYNC_S": "2",
+                # Billing is part of the rig only when asked for (test_funding.py): else no holds.
+                "NODUS_FUNDING": "on" if self.funding else "off",
+            },
         )
         svc = SchedulerService(settings)
         svc.nc = self.nc
         await svc.start()
         self.scheduler = svc
         return svc
+
+    async def start_billing(self, **env: str) -> BillingService:
+        """The real billing service in this process; ``env`` sets its terms (``NODUS_METER_TICK_S``, ...)."""
+        settings = Settings.from_env(
+            "nodus-billing",
+            {"NODUS_NATS_URL": self.server.url, "NODUS_REPLICA": "test", "NODUS_RESYNC_S": "1", **env},
+        )
+        svc = BillingService(settings)
+        svc.nc = self.nc
+        await svc.start()
+        self.billing = svc
+        return svc
+
+    async def stop_billing(self) -> None:
+        if self.billing is not None:
+            self.billing.stopping.set()
+            await self.billing.stop()
+            self.billing = None
 
     async def stop_scheduler(self) -> None:
         if self.scheduler is not None:
@@ -267,7 +294,9 @@ class Rig:
     async def set_spec(self, name: str, namespace: str = "t", **changes: Any) -> Job:
         def change(job: Job) -> Job:
             spec = msgspec.structs.replace(job.spec, **changes)
-            return msgspec.structs.replace(job, spec=spec)
+            # A spec change is a new generation, as the gateway writes it (billing reads caps by it).
+            meta = msgspec.structs.replace(job.metadata, generation=(job.metadata.generation or 1) + 1)
+            return msgspec.structs.replace(job, spec=spec, metadata=meta)
 
         return await self.jobs.mutate(namespace, name, change)
 
@@ -276,7 +305,9 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def _rig(script: Script = succeed, nodes: int = 4, *, scheduler: bool = True) -> AsyncIterator[Rig]:
+async def _rig(
+    script: Script = succeed, nodes: int = 4, *, scheduler: bool = True, funding: bool = False
+) -> AsyncIterator[Rig]:
     """A fresh nats-server (cluster-scoped Nodes must not leak between tests), a fleet, a scheduler."""
     with NatsServer() as server:
         nc = await connect(server.url, "rig")
@@ -284,13 +315,14 @@ async def _rig(script: Script = succeed, nodes: int = 4, *, scheduler: bool = Tr
         fleet = Fleet(nc, script)
         await fleet.add_nodes(nodes)
         await fleet.start()
-        r = Rig(server, nc, fleet)
+        r = Rig(server, nc, fleet, funding=funding)
         if scheduler:
             await r.start_scheduler()
         try:
             yield r
         finally:
             await r.stop_scheduler()
+            await r.stop_billing()
             await fleet.stop()
             await nc.close()
 

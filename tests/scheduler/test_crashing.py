@@ -29,6 +29,7 @@ def _scheduler(url: str, log: Any) -> subprocess.Popen[bytes]:
         "NODUS_REPLICA": "crashing",
         "NODUS_LOG_LEVEL": "WARNING",
         "NODUS_RESYNC_S": "2",
+        "NODUS_FUNDING": "off",  # no billing in this rig
     }
     return subprocess.Popen(
         [sys.executable, "-m", "nodus_scheduler"], env=env, stdout=log, stderr=subprocess.STDOUT

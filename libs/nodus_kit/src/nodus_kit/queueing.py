@@ -39,6 +39,10 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._queue)
 
+    def idle(self) -> bool:
+        """Nothing queued and nothing being processed (delayed keys do not count): tests await this."""
+        return not self._queue and not self._processing
+
     def add(self, key: K) -> None:
         if self._shutdown:
             return

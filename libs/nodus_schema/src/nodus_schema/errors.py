@@ -251,8 +251,17 @@ _ALL: tuple[Reason, ...] = (
         "InsufficientCredits",
         403,
         "Forbidden",
-        "Add credits (`nodus billing topup`) or raise the Budget, then retry or resume.",
-        "The account's balance or a Budget cannot cover the hold.",
+        "Ask an administrator to grant credits (`nodus credits grant AMOUNT -n PROJECT`); suspended work "
+        "resumes by itself once the hold fits.",
+        "The project's credits not held cannot cover the hold.",
+    ),
+    _r(
+        "BudgetExceeded",
+        403,
+        "Forbidden",
+        "Raise the Budget's spec.monthlyUSD (`kubectl get budgets`) or wait for next month; suspended work "
+        "resumes by itself once the hold fits.",
+        "A Budget of the project cannot cover the hold this month.",
     ),
     _r(
         "CellsFailed",

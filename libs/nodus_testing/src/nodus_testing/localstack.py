@@ -87,6 +87,10 @@ class Stack:
             if short == "gateway":
                 env["NODUS_GATEWAY_TLS_CERT"] = str(tls.cert)
                 env["NODUS_GATEWAY_TLS_KEY"] = str(tls.key)
+            if short == "billing":
+                # Every local project starts with credits, as a trial account would (0 in production).
+                env.setdefault("NODUS_STARTING_CREDITS_USD", "1000")
+                env.setdefault("NODUS_METER_TICK_S", "5")
             self.procs.append(Proc(short, [sys.executable, "-m", module], env, free_port()))
         store = self._agent_store(s3)
         for i, extra in enumerate(self.agents):

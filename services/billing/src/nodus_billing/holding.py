@@ -39,6 +39,7 @@ from nodus_billing.standing import (
     Result,
     State,
     Sweep,
+    Usage,
     available,
     budget_used,
     held,
@@ -74,6 +75,8 @@ class PutBudget(Wire, tag=True, tag_field="op"):
     monthly_micros: int
     generation: int
     selector: dict[str, str] = msgspec.field(default_factory=dict)
+    deleted: bool = False
+    """The Budget was deleted: it no longer applies (a later generation would put it back)."""
 
 
 class PutSweep(Wire, tag=True, tag_field="op"):
@@ -98,6 +101,7 @@ class PlaceHold(Wire, tag=True, tag_field="op"):
     amount_micros: int
     funded_until_ms: int
     at_ms: int
+    rate_micros_per_hour: int = 0
 
 
 class ExtendHold(Wire, tag=True, tag_field="op"):
@@ -119,6 +123,7 @@ class Capture(Wire, tag=True, tag_field="op"):
 
     hold_id: str
     amount_micros: int
+    usage: Usage | None = None
 
 
 class Release(Wire, tag=True, tag_field="op"):
@@ -154,7 +159,7 @@ def op_id(op: Op) -> str:
         case Revoke():
             return f"revoke:{op.revoke_id}"
         case PutBudget():
-            return f"budget:{op.name}:{op.generation}"
+            return f"budget:{op.name}:{op.generation}" + (":deleted" if op.deleted else "")
         case PutSweep():
             return f"sweep:{op.name}:{op.generation}"
         case PutJob():
@@ -176,7 +181,8 @@ def op_id(op: Op) -> str:
 def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
     """Apply one operation to a copy of ``state``: the new state, the result, the entries it posted.
 
-    An operation id applied before returns its first result, the same state and no entries.
+    An operation id applied before returns its first result, the same state and no entries (except a
+    refused hold or extension, which is judged again).
     """
     key = op_id(op)
     if key in state.results:
@@ -184,7 +190,10 @@ def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
     new = _clone(state)
     result, entries = _HANDLERS[type(op)](new, op, key)
     posted = post(new.ledger, new.balances, entries)
-    new.results[key] = result
+    if result.ok or not isinstance(op, PlaceHold | ExtendHold):
+        # A hold or extension that did not fit posted nothing: asked again (after a cap was raised,
+        # credits granted) it is judged again rather than refused from memory.
+        new.results[key] = result
     return new, result, posted
 
 
@@ -234,6 +243,10 @@ def _put_budget(state: State, op: PutBudget, key: str) -> _Handled:
     old = state.budgets.get(op.name)
     if old is not None and old.project != op.project:
         return _refuse(key, CONFLICT, f"budget {op.name} belongs to {old.project}", "use another name"), []
+    if op.deleted:
+        if old is not None and op.generation >= old.generation:
+            del state.budgets[op.name]
+        return Result(op_id=key), []
     if old is None or op.generation > old.generation:
         state.budgets[op.name] = Budget(
             project=op.project,
@@ -298,6 +311,8 @@ def _place_hold(state: State, op: PlaceHold, key: str) -> _Handled:
         funded_until_ms=op.funded_until_ms,
         labels=dict(job.labels),
         reserved_micros=op.amount_micros,
+        rate_micros_per_hour=op.rate_micros_per_hour,
+        placed_ms=op.at_ms,
     )
     entry = _entry(key, available_account(job.project), hold_account(op.hold_id), op.amount_micros)
     return Result(op_id=key), [entry]
@@ -336,6 +351,7 @@ def _capture(state: State, op: Capture, key: str) -> _Handled:
         return result, []
     rest = held(state, op.hold_id) - result.charged_micros
     result.released_micros = rest
+    hold.usage = op.usage
     return result, [*entries, _resolve(state, op.hold_id, hold, "Captured", rest)]
 
 
@@ -401,7 +417,8 @@ def _does_not_fit(
     free = available(state, job.project)
     if amount > free:
         msg = f"project {job.project} has {_usd(free)} not held; the hold needs {_usd(amount)}"
-        return _refuse(key, INSUFFICIENT_CREDITS, msg, f"add at least {_usd(amount - free)} in credits")
+        fix = f"ask an administrator to grant at least {_usd(amount - free)} in credits (nodus credits grant)"
+        return _refuse(key, INSUFFICIENT_CREDITS, msg, fix)
     return None
 
 

@@ -1,115 +1,423 @@
-"""Metering: each finished Attempt is charged once at its offering's rate, then the Job's cost is rolled up.
+"""Metering: every Job's holds kept ahead of use, charged as it runs, captured when its runs finish;
+its funding (blocked or not) and its ``status.cost`` written from the books (ADR-0024).
 
-Idempotent on the attempt: the ledger entry's name is the attempt's, so a report that arrives twice
-finds the entry already there and only re-derives the Job's total from the ledger (which is the truth;
-``status.cost`` is a display copy).
+One level-triggered reconcile per Job, safe to kill at any line and to run any number of times:
+
+1. the Job (and its Sweep) are put in the project's book: their caps, labels and generation;
+2. for each open hold of the Job (a hold is named after its Attempt): a finished run is **captured** with
+   its charge by segment (``segmenting``); a running one is **charged** up to the last whole meter tick and
+   **extended** ahead of use by as much as the caps, Budgets and credits allow; a hold whose Attempt never
+   appeared is released;
+3. the Job is **blocked** when a running hold is about to run out and cannot be extended (or, for a Job
+   waiting to start, when not even one stop margin fits): the scheduler then stops it with a checkpoint
+   and holds it Suspended with MaxCostReached, InsufficientCredits or BudgetExceeded. It is unblocked once
+   two stop margins fit again (a cap raised, credits granted), and the scheduler resumes it;
+4. ``status.cost`` is written when it changed (a display copy: the book is the truth).
+
+The reconcile returns when to look again: the next meter tick while anything of the Job is held.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import msgspec
 from nats.aio.client import Client as NATS
 
-from nodus_kit.errors import AlreadyExists, NotFound
-from nodus_kit.messaging import Delivery
+from nodus_billing.books import Books, Planner, Step
+from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
+from nodus_billing.segmenting import RUNNING, charged, usage_ms, usage_of
+from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
+from nodus_kit.errors import NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
-from nodus_schema.attempts import JOB_LABEL, JOB_UID_LABEL, Attempt
-from nodus_schema.costs import Cost
+from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, JOB_UID_LABEL, Attempt
+from nodus_schema.billing import FUNDING_BUCKET, Block, Funding
+from nodus_schema.costs import Cost, CostSegments
 from nodus_schema.jobs import TERMINAL_PHASES, Job
-from nodus_schema.ledger import LedgerEntry, LedgerEntrySpec, charge_micros
-from nodus_schema.messages import AttemptFinished, Report
-from nodus_schema.meta import ObjectMeta
-from nodus_schema.quantities import micros_to_usd
+from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
+from nodus_schema.meta import ObjectMeta, format_time
+from nodus_schema.quantities import micros_to_usd, usd_to_micros
+from nodus_schema.sweeps import Sweep
 
 log = logging.getLogger(__name__)
 
+STAMP_MS = 1000
+"""The resolution of object times (metav1.Time: whole seconds)."""
+
+
+@dataclass(frozen=True)
+class Terms:
+    """How far ahead holds fund runs, how often usage is charged, and how early a Job is stopped."""
+
+    window_ms: int = 600_000
+    """A hold funds this much time ahead of use; it is extended when half of it is left."""
+    tick_ms: int = 30_000
+    """Running usage is charged in whole ticks (the capture charges the rest, to the billing increment)."""
+    margin_ms: int = 60_000
+    """A Job is stopped while its holds still fund this long: time to checkpoint and tear down."""
+    orphan_ms: int = 120_000
+    """A hold whose Attempt was never created is released after this (the scheduler died in between)."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Terms:
+        def ms(name: str, default: int) -> int:
+            return int(float(env[name]) * 1000) if name in env else default
+
+        return cls(
+            window_ms=ms("NODUS_HOLD_WINDOW_S", cls.window_ms),
+            tick_ms=ms("NODUS_METER_TICK_S", cls.tick_ms),
+            margin_ms=ms("NODUS_STOP_MARGIN_S", cls.margin_ms),
+            orphan_ms=ms("NODUS_ORPHAN_HOLD_S", cls.orphan_ms),
+        )
+
+
+def job_ref(name: str, uid: str | None) -> str:
+    """A Job in the book: its name and uid, so a re-created Job of the same name starts from nothing."""
+    return f"{name}@{uid or ''}"
+
+
+def sweep_ref_of(job: Job) -> str | None:
+    """The Sweep a cell Job belongs to (its controlling owner), as the book names it."""
+    for ref in job.metadata.owner_references:
+        if ref.kind == "Sweep":
+            return f"{ref.name}@{ref.uid}"
+    return None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
 
 class Metering:
-    def __init__(self, nc: NATS) -> None:
-        self.attempts = ObjectStore(nc, "attempts", Attempt)
-        self.ledger = ObjectStore(nc, "ledger", LedgerEntry)
+    def __init__(self, nc: NATS, books: Books, terms: Terms) -> None:
+        self.books = books
+        self.terms = terms
         self.jobs = ObjectStore(nc, "jobs", Job)
+        self.sweeps = ObjectStore(nc, "sweeps", Sweep)
+        self.attempts = ObjectStore(nc, "attempts", Attempt)
+        self.funding = ObjectStore(nc, FUNDING_BUCKET, Funding)
+        self.requeue: Callable[[tuple[str, str]], None] = lambda key: None  # set by the service
 
-    async def handle(self, delivery: Delivery[Report]) -> None:
-        report = delivery.data
-        if not isinstance(report, AttemptFinished):
-            return
-        try:
-            attempt = await self.attempts.get(report.namespace, report.attempt)
-        except NotFound:
-            log.warning("finished attempt %s is unknown; not charged", report.attempt)
-            return
-        await self._charge(attempt, report)
-        await self.roll_up(report.namespace, attempt.spec.job)
-
-    async def _charge(self, attempt: Attempt, report: AttemptFinished) -> None:
-        spec = attempt.spec
-        entry = LedgerEntry(
-            metadata=ObjectMeta(
-                name=attempt.metadata.name,
-                namespace=attempt.metadata.namespace,
-                labels={JOB_LABEL: spec.job, JOB_UID_LABEL: attempt.metadata.labels.get(JOB_UID_LABEL, "")},
-            ),
-            spec=LedgerEntrySpec(
-                job=spec.job,
-                attempt=attempt.metadata.name or "",
-                offering=spec.offering,
-                pricebook_version=spec.pricebook_version,
-                rate_micros_per_hour=spec.rate_micros_per_hour,
-                billed_millis=report.wall_millis,
-                amount_micros=charge_micros(spec.rate_micros_per_hour, report.wall_millis),
-            ),
-        )
-        try:
-            await self.ledger.create(entry)
-        except AlreadyExists:
-            pass  # charged already: a redelivered report
-
-    async def finalize(self, key: tuple[str, str]) -> float | None:
-        """A Job that reached a terminal phase gets its cost rolled up once more, marked final."""
+    # -- the reconcile -------------------------------------------------------------------------------
+    async def reconcile(self, key: tuple[str, str]) -> float | None:
         ns, name = key
+        now = now_ms()
         try:
-            job = await self.jobs.get(ns, name)
+            job: Job | None = await self.jobs.get(ns, name)
         except NotFound:
-            return None
-        if job.status.phase in TERMINAL_PHASES and not (job.status.cost and job.status.cost.final):
-            await self.roll_up(ns, name)
-        return None
+            job = None
+        by_job = Selector.equals({JOB_LABEL: name})
+        attempts = (await self.attempts.list(ns, selector=by_job)).items
+        state = await self.books.read(ns)
+        refs = {r for r in state.jobs if r.rsplit("@", 1)[0] == name}
+        steps: list[Step] = []
+        if job is not None:
+            put = await self._puts(job, state)
+            steps += put
+            refs.add(job_ref(name, job.metadata.uid))
+        steps += self._settle(state, refs, attempts, now)
+        if steps:
+            state = (await self.books.apply(ns, steps)).state
+        if job is None:
+            return self._next(state, refs)
+        ref = job_ref(name, job.metadata.uid)
+        if ref not in state.jobs:  # refused (a Sweep not known yet): the next pass puts it
+            return 1.0
+        await self._fund(job, ref, state, attempts, now)
+        await self._write_cost(job, ref, state, attempts)
+        return self._next(state, {ref})
 
-    async def roll_up(self, namespace: str, job_name: str) -> None:
-        """status.cost from the ledger; ``final`` only once the Job is terminal AND every one of its
-        Attempts that ran has its charge posted (a report can reach billing after the Job ended)."""
-        by_job = Selector.equals({JOB_LABEL: job_name})
-        entries = (await self.ledger.list(namespace, selector=by_job)).items
-        attempts = (await self.attempts.list(namespace, selector=by_job)).items
-
-        def change(job: Job) -> Job | None:
-            uid = job.metadata.uid
-            # Only this Job's: a deleted Job of the same name keeps its history, not its charges.
-            mine = [e for e in entries if e.metadata.labels.get(JOB_UID_LABEL) == uid]
-            charged = {e.metadata.name for e in mine}
-            unposted = [
-                a
-                for a in attempts
-                if a.metadata.labels.get(JOB_UID_LABEL) == uid
-                and a.metadata.name not in charged
-                # A run lost with its node never reports a finish: Nodus covers it, nothing to post.
-                and not (a.status.phase == "Lost" and a.status.reason == "NodeLost")
-            ]
-            total = sum(e.spec.amount_micros for e in mine if e.spec)
-            cost = Cost(
-                total_usd=micros_to_usd(total),
-                limit_usd=job.spec.max_cost_usd,
-                final=job.status.phase in TERMINAL_PHASES and not unposted,
+    async def _puts(self, job: Job, state: State) -> list[Step]:
+        """PutSweep / PutJob when the book does not have the object's current generation."""
+        meta = job.metadata
+        steps: list[Step] = []
+        sweep = sweep_ref_of(job)
+        if sweep is not None:
+            try:
+                obj = await self.sweeps.get(meta.namespace, sweep.rsplit("@", 1)[0])
+            except NotFound:
+                obj = None
+            if obj is not None and obj.metadata.uid == sweep.rsplit("@", 1)[1]:
+                gen = obj.metadata.generation or 1
+                known = state.sweeps.get(sweep)
+                if known is None or known.generation < gen:
+                    steps.append(
+                        PutSweep(
+                            name=sweep,
+                            project=meta.namespace or "",
+                            generation=gen,
+                            max_cost_micros=_micros(obj.spec.max_cost_usd),
+                        )
+                    )
+            elif sweep not in state.sweeps:
+                sweep = None  # the Sweep is gone and was never known: its cells are being deleted
+        ref = job_ref(meta.name or "", meta.uid)
+        gen = meta.generation or 1
+        known_job = state.jobs.get(ref)
+        if known_job is None or known_job.generation < gen:
+            steps.append(
+                PutJob(
+                    name=ref,
+                    project=meta.namespace or "",
+                    generation=gen,
+                    sweep=sweep,
+                    labels=dict(meta.labels),
+                    max_cost_micros=_micros(job.spec.max_cost_usd),
+                )
             )
-            if job.status.cost == cost:
+        return steps
+
+    def _settle(self, state: State, refs: set[str], attempts: list[Attempt], now: int) -> list[Step]:
+        """Capture, charge, extend or release each open hold of the Job."""
+        by_name = {a.metadata.name: a for a in attempts}
+        steps: list[Step] = []
+        for hold_id, hold in sorted(state.holds.items()):
+            if hold.job not in refs or hold.status != "Open":
+                continue
+            attempt = by_name.get(hold_id)
+            if attempt is None:
+                if now - hold.placed_ms >= self.terms.orphan_ms:
+                    steps.append(Release(hold_id=hold_id))
+            elif attempt.status.phase in ATTEMPT_TERMINAL:
+                usage = usage_of(attempt, replacement=_replaces_lost(attempt, attempts), now_ms=now)
+                steps.append(_capture(hold_id, usage))
+            else:
+                if attempt.status.start_time:
+                    steps.append(self._tick(hold_id, attempt, now))
+                steps.append(self._extend(hold_id, attempt, now))
+        return steps
+
+    def _tick(self, hold_id: str, attempt: Attempt, now: int) -> Planner:
+        """Charge the run's usage up to the last whole tick (never more than its final charge will be)."""
+        rate, tick = attempt.spec.rate_micros_per_hour, self.terms.tick_ms
+        # Object times are whole seconds: the run's finish, stamped later, may read up to a second less
+        # than the clock does now. Ticking a second behind keeps every tick within the final charge.
+        ticks = max(0, usage_ms(attempt, now) - STAMP_MS) // tick
+
+        def plan(state: State) -> Op | None:
+            hold = state.holds.get(hold_id)
+            if hold is None or hold.status != "Open" or ticks == 0:
                 return None
-            return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, cost=cost))
+            amount = charge_micros(rate, ticks * tick) - hold.charged_micros
+            if amount <= 0:
+                return None
+            return Charge(hold_id=hold_id, tick=str(ticks), amount_micros=amount)
+
+        return plan
+
+    def _extend(self, hold_id: str, attempt: Attempt, now: int) -> Planner:
+        """Keep a window of funding ahead of use, as far as the caps, Budgets and credits allow."""
+        rate, window = attempt.spec.rate_micros_per_hour, self.terms.window_ms
+        used_ms = usage_ms(attempt, now)
+
+        def plan(state: State) -> Op | None:
+            hold = state.holds.get(hold_id)
+            if hold is None or hold.status != "Open" or rate <= 0:
+                return None
+            if hold.funded_until_ms - now > window // 2:
+                return None
+            needed = charge_micros(rate, used_ms + window) - hold.charged_micros - held(state, hold_id)
+            room, _ = room_for(state, hold.job, month_of(now))
+            more = min(max(needed, 0), room)
+            if more <= 0:
+                return None
+            until = funded_until(hold, held(state, hold_id) + more, now - used_ms)
+            return ExtendHold(hold_id=hold_id, more_micros=more, funded_until_ms=until)
+
+        return plan
+
+    # -- funding ---------------------------------------------------------------------------------------
+    async def _fund(self, job: Job, ref: str, state: State, attempts: list[Attempt], now: int) -> None:
+        """Block the Job when its running holds run out and cannot be extended; unblock when they can."""
+        ns, name = job.metadata.namespace or "", job.metadata.name or ""
+        try:
+            record: Funding | None = await self.funding.get(ns, name)
+        except NotFound:
+            record = None
+        current = record.blocked if record is not None and record.job_uid == job.metadata.uid else None
+        block = None
+        if job.status.phase not in TERMINAL_PHASES:
+            block = self._block_of(state, ref, attempts, now, current)
+        if block == current:
+            return
+        funding = Funding(
+            metadata=ObjectMeta(name=name, namespace=ns), job_uid=job.metadata.uid or "", blocked=block
+        )
+        if record is None:
+            await self.funding.create(funding)
+        else:
+            funding.metadata = msgspec.structs.replace(
+                funding.metadata, resource_version=record.metadata.resource_version
+            )
+            await self.funding.update(funding)
+        if block is not None:
+            log.info("job blocked", extra={"job": f"{ns}/{name}", "reason": block.reason})
+        sweep = sweep_ref_of(job)
+        if sweep is not None and (block is None) != (current is None):
+            # One cell at the Sweep's cap means every cell is: look at its siblings now, not at their tick.
+            for sibling, other in state.jobs.items():
+                if other.sweep == sweep and sibling != ref:
+                    self.requeue((ns, sibling.rsplit("@", 1)[0]))
+
+    def _block_of(
+        self, state: State, ref: str, attempts: list[Attempt], now: int, current: Block | None
+    ) -> Block | None:
+        margin = self.terms.margin_ms
+        running = [h for h, hold in state.holds.items() if hold.job == ref and hold.status == "Open"]
+        live = {a.metadata.name for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
+        running = [h for h in running if h in live]
+        room, code = room_for(state, ref, month_of(now))
+        if running:
+            short = [h for h in running if state.holds[h].funded_until_ms - now < margin]
+            if not short:
+                return None
+            rate = max(state.holds[h].rate_micros_per_hour for h in short)
+            return _block(state, ref, code, room, rate, margin)
+        # Nothing runs: blocked while a run could not be funded for two stop margins.
+        rate = current.rate_micros_per_hour if current is not None else 0
+        if current is None or room >= charge_micros(rate, 2 * margin):
+            return None
+        return _block(state, ref, code, room, rate, margin)
+
+    # -- status.cost -----------------------------------------------------------------------------------
+    async def _write_cost(self, job: Job, ref: str, state: State, attempts: list[Attempt]) -> None:
+        cost = cost_of(job, ref, state, attempts)
+        if job.status.cost == cost:
+            return
+
+        def change(current: Job) -> Job | None:
+            if current.metadata.uid != job.metadata.uid or current.status.cost == cost:
+                return None
+            return msgspec.structs.replace(current, status=msgspec.structs.replace(current.status, cost=cost))
 
         try:
-            await self.jobs.mutate(namespace, job_name, change)
+            await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
         except NotFound:
             pass
+
+    def _next(self, state: State, refs: Iterable[str]) -> float | None:
+        wanted = set(refs)
+        if any(h.job in wanted and h.status == "Open" for h in state.holds.values()):
+            return self.terms.tick_ms / 1000
+        return None
+
+
+# --- pure helpers ------------------------------------------------------------------------------------
+
+
+def _capture(hold_id: str, usage: Usage) -> Planner:
+    total = charged(usage)
+
+    def plan(state: State) -> Op | None:
+        hold = state.holds.get(hold_id)
+        if hold is None or hold.status != "Open":
+            return None
+        return Capture(hold_id=hold_id, amount_micros=max(0, total - hold.charged_micros), usage=usage)
+
+    return plan
+
+
+def funded_until(hold: Hold, reserved_left: int, billing_start_ms: int) -> int:
+    """When what a hold has charged and still reserves stops paying for its run, at its rate."""
+    rate = hold.rate_micros_per_hour
+    if rate <= 0:
+        return hold.funded_until_ms
+    paid = hold.charged_micros + reserved_left
+    return billing_start_ms + paid * MICROS_PER_HOUR_MS // rate
+
+
+def _replaces_lost(attempt: Attempt, attempts: list[Attempt]) -> bool:
+    """A run that replaces one lost with its capacity: its start-up is Restore, not Boot."""
+    if attempt.spec.attempt <= 1:
+        return False
+    before = [
+        a
+        for a in attempts
+        if a.spec.index == attempt.spec.index
+        and a.spec.attempt == attempt.spec.attempt - 1
+        and a.metadata.labels.get(JOB_UID_LABEL) == attempt.metadata.labels.get(JOB_UID_LABEL)
+    ]
+    return any(a.status.phase == "Lost" for a in before)
+
+
+def _block(state: State, ref: str, code: str, room: int, rate: int, margin_ms: int) -> Block:
+    job = state.jobs[ref]
+    name = ref.rsplit("@", 1)[0]
+    need = charge_micros(rate, 2 * margin_ms)
+    left = f"${micros_to_usd(room)}"
+    if code == "MaxCostReached":
+        if job.max_cost_micros is not None and room == max(
+            0, job.max_cost_micros - job_spent(state, ref) - job_held(state, ref)
+        ):
+            owner = f"the Job's spec.maxCostUSD (${micros_to_usd(job.max_cost_micros)})"
+            fix = f"Raise spec.maxCostUSD of job {name} by at least ${micros_to_usd(need)} to resume it."
+        else:
+            sweep = state.sweeps[job.sweep or ""]
+            cap = sweep.max_cost_micros or 0
+            sname = (job.sweep or "").rsplit("@", 1)[0]
+            owner = f"the spec.maxCostUSD of sweep {sname} (${micros_to_usd(cap)})"
+            fix = f"Raise spec.maxCostUSD of sweep {sname} by at least ${micros_to_usd(need)} to resume it."
+        message = f"{left} is left under {owner}: not enough to keep running"
+    elif code == "BudgetExceeded":
+        message = f"a Budget of project {job.project} has {left} left this month"
+        fix = "Raise the Budget's spec.monthlyUSD (kubectl get budgets), or wait for next month."
+    else:
+        message = f"project {job.project} has {left} of credits not held"
+        fix = f"Grant the project at least ${micros_to_usd(max(need - room, 0))} (nodus credits grant)."
+    return Block(reason=code, message=message, fix=fix, rate_micros_per_hour=rate)
+
+
+def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
+    """status.cost of a Job from the book: spent, held, rate, segments, funding, final."""
+    holds = {h: hold for h, hold in state.holds.items() if hold.job == ref}
+    open_ = {h: hold for h, hold in holds.items() if hold.status == "Open"}
+    segments: dict[str, int] = {}
+    covered: set[str] = set()
+    for hold in holds.values():
+        if hold.usage is not None:
+            for seg, amount in hold.usage.segments.items():
+                segments[seg] = segments.get(seg, 0) + amount
+            covered |= set(hold.usage.covered)
+        elif hold.charged_micros:
+            segments[RUNNING] = segments.get(RUNNING, 0) + hold.charged_micros
+    live = {a.metadata.name for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
+    rate = sum(hold.rate_micros_per_hour for h, hold in open_.items() if h in live)
+    uid = job.metadata.uid
+    mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+    final = (
+        job.status.phase in TERMINAL_PHASES
+        and not open_
+        and all(a.status.phase in ATTEMPT_TERMINAL for a in mine)
+    )
+    until = max((hold.funded_until_ms for hold in open_.values()), default=None)
+    return Cost(
+        total_usd=micros_to_usd(job_spent(state, ref)),
+        held_usd=micros_to_usd(job_held(state, ref)),
+        rate_usd_per_hour=micros_to_usd(rate),
+        limit_usd=job.spec.max_cost_usd,
+        by_segment=_segments(segments, covered) if segments or covered else None,
+        funded_until_time=format_time(datetime.fromtimestamp(until / 1000, UTC)) if until else None,
+        final=final,
+    )
+
+
+def _segments(amounts: dict[str, int], covered: set[str]) -> CostSegments:
+    def usd(seg: str) -> str | None:
+        return micros_to_usd(amounts[seg]) if seg in amounts else None
+
+    return CostSegments(
+        boot_usd=usd("Boot"),
+        running_usd=usd("Running"),
+        restore_usd=usd("Restore"),
+        teardown_usd=usd("Teardown"),
+        covered_by_nodus=sorted(covered),
+    )
+
+
+def _micros(text: str | None) -> int | None:
+    return usd_to_micros(text) if text else None

@@ -8,18 +8,30 @@ Caps: a create fails when its first hold cannot fit under maxCostUSD (blocking M
 amounts and a fix); a cap the run will probably reach is only a warning, because reaching it suspends the
 object (nothing is lost) rather than refusing the create.
 
-Balances are not checked: accounts, holds and budgets come with the billing issue (#7), and until then no
-estimate can say InsufficientCredits. Every quote carries the BalanceNotChecked warning so that a caller
-never reads the absence of that blocking reason as "my balance covers it".
+Balances: with the books at hand (the billing service always passes them) the first hold must also fit
+the project's credits not held (InsufficientCredits) and every project-wide Budget this month
+(BudgetExceeded); each is a blocking reason with the amounts and a fix, so a create that cannot be funded
+is refused. Without the books (a bare quote in tests) the quote says BalanceNotChecked.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 from nats.aio.client import Client as NATS
 
+from nodus_billing.books import Books
+from nodus_billing.standing import (
+    BUDGET_EXCEEDED,
+    INSUFFICIENT_CREDITS,
+    State,
+    available,
+    budget_used,
+    month_of,
+)
 from nodus_kit import errors, messaging
 from nodus_schema.costs import BlockingReason, Estimate, EstimateWarning
 from nodus_schema.estimating import (
@@ -118,7 +130,7 @@ def _cell_caps(slots: list[SlotPlan]) -> list[BlockingReason]:
     return out
 
 
-def quote(request: QuoteRequest) -> EstimateReply:
+def quote(request: QuoteRequest, state: State | None = None) -> EstimateReply:
     """The priced estimate: the scheduler's estimate plus amounts, cap reasons and warnings."""
     scheduled, asked = request.scheduled, request.request
     sweep = asked.sweep_spec if asked.kind == "Sweep" else None
@@ -140,18 +152,58 @@ def quote(request: QuoteRequest) -> EstimateReply:
                 blocking.append(reason)
             else:
                 warnings += cap_warnings(cap, money, "spec.maxCostUSD")
-    warnings.append(BALANCE_NOT_CHECKED)
+    if state is None:
+        warnings.append(BALANCE_NOT_CHECKED)
+    elif money is not None:
+        blocking += balance_blocking(state, asked.namespace, money.hold)
     estimate = msgspec.structs.replace(estimate, blocking_reasons=blocking, warnings=warnings)
     return EstimateReply(estimate=estimate, slots=scheduled.slots)
 
 
-async def _handle(request: QuoteRequest) -> EstimateReply:
-    try:
-        return quote(request)
-    except ValueError as e:  # a duration in the plan that does not parse: the caller's to fix
-        raise errors.Invalid(str(e)) from None
+def balance_blocking(state: State, project: str, hold: int) -> list[BlockingReason]:
+    """InsufficientCredits / BudgetExceeded when the first hold does not fit the project's books."""
+    out: list[BlockingReason] = []
+    free = available(state, project)
+    if hold > free:
+        out.append(
+            BlockingReason(
+                code=INSUFFICIENT_CREDITS,
+                message=f"project {project} has {_usd(free)} of credits not held; "
+                f"the first hold is {_usd(hold)}",
+                fix=f"Ask an administrator to grant project {project} at least {_usd(hold - free)} "
+                "(nodus credits grant), or wait for running work to release its holds.",
+            )
+        )
+    month = month_of(int(time.time() * 1000))
+    for name, budget in sorted(state.budgets.items()):
+        if budget.project != project or budget.selector:
+            continue  # a selector's Budget applies by labels, which a quote does not see; holds check it
+        used = budget_used(state, budget, month)
+        if used + hold > budget.monthly_micros:
+            out.append(
+                BlockingReason(
+                    code=BUDGET_EXCEEDED,
+                    message=f"Budget {name.rsplit('@', 1)[0]} allows {_usd(budget.monthly_micros)} "
+                    f"in {month}; "
+                    f"{_usd(used)} is used or held and the first hold is {_usd(hold)}",
+                    fix=f"Raise spec.monthlyUSD of Budget {name.rsplit('@', 1)[0]} to at least "
+                    f"{_usd(used + hold)}, or wait for next month.",
+                )
+            )
+    return out
 
 
-async def serve_quotes(nc: NATS, *, subject: str = QUOTE_SUBJECT) -> Any:
+def _handler(books: Books | None) -> Callable[[QuoteRequest], Awaitable[EstimateReply]]:
+    async def handle(request: QuoteRequest) -> EstimateReply:
+        state = await books.read(request.request.namespace) if books is not None else None
+        try:
+            return quote(request, state)
+        except ValueError as e:  # a duration in the plan that does not parse: the caller's to fix
+            raise errors.Invalid(str(e)) from None
+
+    return handle
+
+
+async def serve_quotes(nc: NATS, *, subject: str = QUOTE_SUBJECT, books: Books | None = None) -> Any:
     """Serve ``nodus.rpc.billing.quote`` in queue group ``billing``; returns the subscription."""
-    return await messaging.serve(nc, subject, QuoteRequest, _handle, queue=QUEUE)
+    return await messaging.serve(nc, subject, QuoteRequest, _handler(books), queue=QUEUE)

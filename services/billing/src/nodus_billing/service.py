@@ -1,8 +1,11 @@
-"""The billing service: meters finished Attempts into the ledger and writes every Job's status.cost.
+"""The billing service: books per project, holds for the scheduler, metering of every Job, accounts.
 
-Two triggers, both idempotent: an AttemptFinished report charges the run and rolls the Job's cost up;
-a Job reaching a terminal phase gets its cost marked final (the report may have come first).
-Holds, budgets and caps (MaxCostReached, InsufficientCredits) are not built yet: issue #7.
+- ``nodus.rpc.billing.hold`` (serving.Holds): fund an Attempt before it is created.
+- ``nodus.rpc.billing.{account,grant,usage}`` (serving.Accounts): the gateway's account API.
+- ``nodus.rpc.billing.quote`` (quoting): billing's half of an estimate, with the project's balances.
+- the metering controller (leader only): one reconcile per Job, fed by Jobs, Attempts, Sweeps and Budgets
+  and by AttemptFinished reports (metering.py); it captures, charges, extends, blocks and writes
+  ``status.cost``. Every replica serves the endpoints; the books' compare-and-set keeps them consistent.
 """
 
 from __future__ import annotations
@@ -10,47 +13,126 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
+from typing import Any
 
-from nodus_billing.metering import Metering
+from nodus_billing.books import Books
+from nodus_billing.budgeting import Budgets
+from nodus_billing.metering import Metering, Terms
 from nodus_billing.quoting import serve_quotes
-from nodus_kit.controlling import Controller, Source
+from nodus_billing.serving import Holds, serve_accounts, serve_holds
+from nodus_kit.controlling import Controller, Key, Source
 from nodus_kit.leasing import Lease, run_as_leader
-from nodus_kit.messaging import Consumer
+from nodus_kit.messaging import Consumer, Delivery
 from nodus_kit.servicing import Service
-from nodus_schema.messages import Report
+from nodus_kit.storing import Event
+from nodus_schema.attempts import JOB_LABEL
+from nodus_schema.messages import AttemptFinished, Report
+from nodus_schema.quantities import usd_to_micros
+from nodus_schema.sweeps import SWEEP_LABEL
 
 log = logging.getLogger(__name__)
+
+
+def _job_of_attempt(event: Event[Any]) -> Iterable[Key]:
+    meta = event.object.metadata
+    return [(meta.namespace or "", meta.labels.get(JOB_LABEL) or event.object.spec.job)]
 
 
 class BillingService(Service):
     name = "nodus-billing"
 
     async def start(self) -> None:
-        self.metering = Metering(self.bus)
-        # Every replica consumes from the one durable consumer: work is shared, each report handled once
-        # (and handled again harmlessly if redelivered: the ledger entry is keyed by the attempt).
+        env = self.settings.env
+        self.terms = Terms.from_env(env)
+        self.books = Books(
+            self.bus, starting_micros=usd_to_micros(env.get("NODUS_STARTING_CREDITS_USD", "0"))
+        )
+        self.metering = Metering(self.bus, self.books, self.terms)
+        self.budgets = Budgets(self.bus, self.books)
+        self.meter = Controller(
+            "billing-meter",
+            self.metering.reconcile,
+            [
+                Source(self.metering.jobs),
+                Source(self.metering.attempts, _job_of_attempt),
+                Source(self.metering.sweeps, self._cells_of),
+            ],
+            workers=4,
+            resync_s=float(env.get("NODUS_RESYNC_S", "30")),
+        )
+        self.metering.requeue = self.meter.queue.add
+        self.budgeter = Controller(
+            "billing-budgets",
+            self.budgets.reconcile,
+            [Source(self.budgets.store)],
+            workers=1,
+            resync_s=float(env.get("NODUS_RESYNC_S", "30")),
+        )
+        self.budgets.requeue_project = self._requeue_project
+        # Reports only speed things up (the Attempt's phase is what counts): every replica shares the one
+        # durable consumer, and a report that arrives twice enqueues the same key twice, harmlessly.
         self.reports = Consumer(
             self.bus.jetstream(),
             stream="NODUS_REPORTS",
             durable="billing",
             subject="nodus.report.>",
             typ=Report,  # type: ignore[arg-type]
-            handler=self.metering.handle,
+            handler=self._on_report,
         )
         await self.reports.start()
-        self.quotes = await serve_quotes(self.bus)  # nodus.rpc.billing.quote (ADR-031)
-        self.finalizer = Controller(
-            "billing-final",
-            self.metering.finalize,
-            [Source(self.metering.jobs)],
-            workers=2,
-            resync_s=float(self.settings.env.get("NODUS_RESYNC_S", "30")),
-        )
+        self.endpoints = [
+            await serve_quotes(self.bus, books=self.books),
+            await serve_holds(self.bus, Holds(self.books, self.metering)),
+            *(await serve_accounts(self.bus, self.books, self._requeue_project)),
+        ]
         lease = Lease(self.bus, "billing", self.settings.replica, ttl_s=10)
-        self._leader = asyncio.create_task(run_as_leader(lease, self.finalizer.run, stop=self.stopping))
+        self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
+
+    async def _lead(self) -> None:
+        await asyncio.gather(self.meter.run(), self.budgeter.run())
+
+    async def _on_report(self, delivery: Delivery[Report]) -> None:
+        report = delivery.data
+        if isinstance(report, AttemptFinished):
+            job = report.attempt.split("-")[0]  # only a hint; the attempt's own record is read below
+            with contextlib.suppress(Exception):
+                attempt = await self.metering.attempts.get(report.namespace, report.attempt)
+                job = attempt.spec.job
+            self.meter.queue.add((report.namespace, job))
+
+    def _cells_of(self, event: Event[Any]) -> Iterable[Key]:
+        """A Sweep changed (its cap raised): every cell of it is looked at, blocked ones first of all."""
+        meta = event.object.metadata
+        ns, name = meta.namespace or "", meta.name
+        asyncio.get_running_loop().create_task(self._enqueue_cells(ns, name))
+        return []
+
+    async def _enqueue_cells(self, ns: str, sweep: str) -> None:
+        from nodus_kit.selecting import Selector
+
+        with contextlib.suppress(Exception):
+            page = await self.metering.jobs.list(ns, selector=Selector.equals({SWEEP_LABEL: sweep}))
+            for job in page.items:
+                self.meter.queue.add((ns, job.metadata.name or ""))
+
+    def _requeue_project(self, project: str) -> None:
+        """Credits granted or a Budget changed: the project's blocked Jobs are looked at now."""
+
+        async def requeue() -> None:
+            with contextlib.suppress(Exception):
+                for record in (await self.metering.funding.list(project)).items:
+                    if record.blocked is not None:
+                        self.meter.queue.add((project, record.metadata.name or ""))
+
+        asyncio.get_running_loop().create_task(requeue())
 
     async def stop(self) -> None:
-        await self.finalizer.stop()
+        await self.meter.stop()
+        await self.budgeter.stop()
         await self.reports.stop()
+        for sub in self.endpoints:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         with contextlib.suppress(asyncio.CancelledError):
             await self._leader

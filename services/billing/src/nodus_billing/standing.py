@@ -52,6 +52,22 @@ class Job(Wire):
     """Usage reported beyond what the Job's holds reserved: recorded, not charged (ADR-0023)."""
 
 
+class Usage(Wire):
+    """What a captured hold paid for: one Attempt's run, split by billing segment (µ$)."""
+
+    attempt: str = ""
+    offering: str = ""
+    pricebook_version: str = ""
+    rate_micros_per_hour: int = 0
+    billed_millis: int = 0
+    segments: dict[str, int] = msgspec.field(default_factory=dict)
+    """Boot, Running, Restore, Teardown: what each segment was charged (sums to the capture's total)."""
+    covered: dict[str, int] = msgspec.field(default_factory=dict)
+    """Segments Nodus paid for instead of charging them, with what they would have cost."""
+    start_time: str | None = None
+    finish_time: str | None = None
+
+
 class Hold(Wire):
     job: str
     project: str
@@ -63,6 +79,10 @@ class Hold(Wire):
     reserved_micros: int = 0
     """Everything ever reserved by the hold (place + extensions)."""
     charged_micros: int = 0
+    rate_micros_per_hour: int = 0
+    placed_ms: int = 0
+    usage: Usage | None = None
+    """Set when the hold is captured: what it paid for (usage and invoices read it)."""
 
 
 class Result(Wire):
@@ -143,6 +163,30 @@ def budget_used(state: State, budget: Budget, month: str) -> int:
         for h, hold in state.holds.items()
         if hold.project == budget.project and hold.month == month and matches(budget.selector, hold.labels)
     )
+
+
+def room_for(state: State, job_name: str, month: str) -> tuple[int, str]:
+    """The most one more hold (or extension) for the Job could reserve now, and the limit that binds
+    (MaxCostReached, BudgetExceeded or InsufficientCredits): the same rules, in the same order, as
+    ``holding.apply`` checks a hold against."""
+    job = state.jobs[job_name]
+    rooms: list[tuple[int, str]] = []
+    if job.max_cost_micros is not None:
+        rooms.append(
+            (job.max_cost_micros - job_spent(state, job_name) - job_held(state, job_name), MAX_COST_REACHED)
+        )
+    if job.sweep is not None:
+        sweep = state.sweeps[job.sweep]
+        if sweep.max_cost_micros is not None:
+            spent = sweep_spent(state, job.sweep) + sweep_held(state, job.sweep)
+            rooms.append((sweep.max_cost_micros - spent, MAX_COST_REACHED))
+    for _, budget in sorted(state.budgets.items()):
+        if budget.project == job.project and matches(budget.selector, job.labels):
+            rooms.append((budget.monthly_micros - budget_used(state, budget, month), BUDGET_EXCEEDED))
+    rooms.append((available(state, job.project), INSUFFICIENT_CREDITS))
+    # The first of the smallest: ties go to the rule apply() checks first.
+    least = min(room for room, _ in rooms)
+    return max(least, 0), next(code for room, code in rooms if room == least)
 
 
 def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:

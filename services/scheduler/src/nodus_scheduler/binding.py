@@ -6,7 +6,8 @@ uid). A Job that cannot be placed does not hold the line: the next one may fit c
 (Kubernetes' scheduler does the same). A suspended Job leaves the line and comes back to its old place
 when resumed, since its place is its creation time.
 
-Binding one index is: choose a node from the capacity index, reserve it there, create the Attempt
+Binding one index is: choose a node from the capacity index, reserve it there, have billing fund it (a
+hold named after the Attempt, :mod:`nodus_scheduler.funding`), create the Attempt
 (compare-and-set on a deterministic name), then publish its assignment. A pass chooses up to
 :data:`BATCH` Attempts before it writes, then writes their Attempts together and their assignments
 together: the choices are in memory (reserved nodes are busy for the next choice), the writes overlap.
@@ -76,11 +77,17 @@ Assigner = Callable[[Job, Attempt], Awaitable[None]]
 Releaser = Callable[[str], None]
 # abandon(attempt): a created member of a gang whose other members were not: finish it, never assign it
 Abandoner = Callable[[Attempt], Awaitable[None]]
+# fund(job, attempts): billing's hold for each run before it is created; None, or why it is not funded
+Funder = Callable[[Job, tuple[Attempt, ...]], Awaitable[str | None]]
 Unit = tuple[JobKey, Job, tuple[Attempt, ...]]
 """What one choice binds: a Job's one run, or every member of one gang attempt."""
 
 
 async def _keep(_: Attempt) -> None:
+    return None
+
+
+async def _free(_: Job, __: tuple[Attempt, ...]) -> str | None:
     return None
 
 
@@ -92,6 +99,7 @@ class Binder:
     assign: Assigner
     release: Releaser = lambda node: None
     abandon: Abandoner = _keep
+    fund: Funder = _free
     on_bound: Callable[[JobKey], None] = lambda key: None
     """Called for each Job that got runs (its status changes) or whose reason for waiting changed."""
     line: dict[JobKey, Demand] = field(default_factory=dict)
@@ -186,6 +194,7 @@ class Binder:
             self.in_flight -= gangs
 
     async def _write_units(self, chosen: list[Unit]) -> int:
+        chosen = await self._funded(chosen)
         flat = [a for _, _, unit in chosen for a in unit]
         created = iter(await asyncio.gather(*(self._create(a) for a in flat), return_exceptions=True))
         stored: list[Unit] = []
@@ -217,6 +226,24 @@ class Binder:
         bound = sum(len(unit) for _, _, unit in stored)
         self.bound += bound
         return bound
+
+    async def _funded(self, chosen: list[Unit]) -> list[Unit]:
+        """The units billing funds (a hold per run, asked before the run exists: ADR-0024); the nodes of
+        the others are released and their Jobs learn why they wait."""
+        answers = await asyncio.gather(
+            *(self.fund(job, unit) for _, job, unit in chosen), return_exceptions=True
+        )
+        funded: list[Unit] = []
+        for (key, job, unit), answer in zip(chosen, answers, strict=True):
+            if answer is None:
+                funded.append((key, job, unit))
+                continue
+            why = answer if isinstance(answer, str) else f"could not ask billing for a hold: {answer}"
+            for attempt in unit:
+                self.release(attempt.spec.node)
+            self.unplaced[key] = why
+            self.on_bound(key)
+        return funded
 
     async def _create(self, attempt: Attempt) -> Attempt:
         return await self.attempts.create(attempt)

@@ -57,6 +57,7 @@ from nodus_scheduler.caching import Cache, JobKey, cancel_all, job_key
 from nodus_scheduler.capacity import CapacityIndex
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.eventing import publish_event
+from nodus_scheduler.funding import FundingView
 from nodus_scheduler.ganging import (
     ABANDON_AFTER_S,
     ASSEMBLY_TIMEOUT,
@@ -82,6 +83,7 @@ from nodus_schema.attempts import (
     attempt_name,
     member_name,
 )
+from nodus_schema.billing import FUNDING_REASONS, Block
 from nodus_schema.catalog import Catalog
 from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus, Resources, SecretMount
 from nodus_schema.messages import StartAttempt, StopAttempt
@@ -204,7 +206,7 @@ def _ran_for(a: Attempt) -> float:
 
 
 class Lifecycle:
-    def __init__(self, nc: NATS, catalog: Catalog) -> None:
+    def __init__(self, nc: NATS, catalog: Catalog, *, funding: bool = True) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.jobs = ObjectStore(nc, "jobs", Job)
@@ -224,6 +226,10 @@ class Lifecycle:
             abandon=self._abandon,
             on_bound=self._requeue,
         )
+        self.funding = FundingView(nc, enabled=funding)
+        self.funding.on_change = self._requeue
+        self.funding.retry = self._requeue
+        self.binder.fund = self.funding.hold
         self.requeue: Callable[[JobKey], None] = lambda key: None
         """Set by the service: put a Job in the controller's work queue."""
         self.cache.hooks.append(self._on_change)
@@ -240,12 +246,14 @@ class Lifecycle:
         """Start leading: the cache (if not yet following the store), the binder and the node monitor."""
         if not self.cache.following:
             await self.cache.start()
+        await self.funding.start()
         self._tasks = [
             asyncio.create_task(self.binder.run(), name="scheduler:binder"),
             asyncio.create_task(self._monitor_nodes(), name="scheduler:nodes"),
         ]
 
     async def stop_leading(self) -> None:
+        await self.funding.stop()
         await cancel_all(self._tasks)
         self._tasks = []
         self.binder.line.clear()  # the next leader (maybe this one again) builds the line anew
@@ -336,11 +344,11 @@ class Lifecycle:
         now = datetime.now(UTC)
         if await self._mark_lost(attempts, now):
             attempts = [a for a in self.cache.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid]
-        halt = _halt_reason(job, now)
+        block = self.funding.blocked(job)
+        halt = _halt_reason(job, now, block)
         if halt:
-            await self._stop(
-                attempts, halt, checkpoint=halt == "Suspended" and _continuity(job) == "Checkpointed"
-            )
+            suspends = halt == "Suspended" or halt in FUNDING_REASONS
+            await self._stop(attempts, halt, checkpoint=suspends and _continuity(job) == "Checkpointed")
         shape = shape_of(job.spec)
         if shape is None:
             view = summarize(attempts, _min_progress_s(job))
@@ -353,7 +361,7 @@ class Lifecycle:
         await self._reassign_stuck(job, view, now)
         runs = self._wanted(job, view, halt)
         self.binder.want(key, Demand(job, runs))
-        status = self._status(job, view, self.binder.unplaced.get(key) if runs else None, now)
+        status = self._status(job, view, self.binder.unplaced.get(key) if runs else None, now, block)
         await self._write_status(job, status)
         return _next_check(job, status, now, _gang_check(view, now))
 
@@ -749,7 +757,9 @@ class Lifecycle:
         return None
 
     # -- status --------------------------------------------------------------------------------------
-    def _status(self, job: Job, view: View, unplaced: str | None, now: datetime) -> JobStatus:
+    def _status(
+        self, job: Job, view: View, unplaced: str | None, now: datetime, block: Block | None = None
+    ) -> JobStatus:
         spec, old = job.spec, job.status
         completions = spec.completions or 1
         conditions = [msgspec.structs.replace(c) for c in old.conditions]  # set_condition changes in place
@@ -772,8 +782,8 @@ class Lifecycle:
             )
         if view.tries and not status.start_time:
             status = msgspec.structs.replace(status, start_time=format_time(now))
-        status = _track_suspension(job, status, conditions, now)
-        phase, reason, message = _phase(job, view, unplaced, completions, conditions, now)
+        status = _track_suspension(job, status, conditions, now, block)
+        phase, reason, message = _phase(job, view, unplaced, completions, conditions, now, block)
         if phase in TERMINAL_PHASES:
             wall, units = _measures(list(view.succeeded.values()))
             status = msgspec.structs.replace(
@@ -899,32 +909,44 @@ def _deadline_left(job: Job, now: datetime) -> float | None:
     return total - (until - parse_time(job.status.start_time)).total_seconds()
 
 
-def _halt_reason(job: Job, now: datetime) -> str | None:
+def _halt_reason(job: Job, now: datetime, block: Block | None = None) -> str | None:
     if job.spec.state in ("Cancelled", "Suspended"):
         return job.spec.state
+    if block is not None:
+        return block.reason  # billing will not fund it: suspended (with a checkpoint) until it will
     left = _deadline_left(job, now)
     return "DeadlineExceeded" if left is not None and left <= 0 else None
 
 
-def _track_suspension(job: Job, status: JobStatus, conditions: list[Condition], now: datetime) -> JobStatus:
+def _track_suspension(
+    job: Job, status: JobStatus, conditions: list[Condition], now: datetime, block: Block | None = None
+) -> JobStatus:
     """The Suspended condition, and on resume startTime moved forward by the time spent suspended (so the
-    timeout does not count it: Kubernetes resets startTime on resume for the same reason)."""
+    timeout does not count it: Kubernetes resets startTime on resume for the same reason). Billing's block
+    (MaxCostReached, ...) suspends as spec.state Suspended does, with billing's reason."""
     since = _suspended_since(conditions)
     stamp = format_time(now)
-    if job.spec.state == "Suspended":
-        if since is None:
+    if job.spec.state == "Suspended" or (block is not None and job.spec.state != "Cancelled"):
+        reason, message = (
+            ("Suspended", "spec.state is Suspended")
+            if block is None
+            else (
+                block.reason,
+                f"{block.message}. {block.fix}",
+            )
+        )
+        current = find_condition(conditions, "Suspended")
+        if since is None or (current is not None and current.reason != reason):
             set_condition(
                 conditions,
-                Condition(
-                    type="Suspended", status="True", reason="Suspended", message="spec.state is Suspended"
-                ),
+                Condition(type="Suspended", status="True", reason=reason, message=message),
                 now=stamp,
             )
         return status
     if since is not None:
         set_condition(
             conditions,
-            Condition(type="Suspended", status="False", reason="Resumed", message="spec.state is Running"),
+            Condition(type="Suspended", status="False", reason="Resumed", message="the Job runs again"),
             now=stamp,
         )
         if status.start_time:
@@ -947,7 +969,13 @@ def _queue_timeout_s(job: Job) -> float | None:
 
 
 def _phase(
-    job: Job, view: View, unplaced: str | None, completions: int, conditions: list[Condition], now: datetime
+    job: Job,
+    view: View,
+    unplaced: str | None,
+    completions: int,
+    conditions: list[Condition],
+    now: datetime,
+    block: Block | None = None,
 ) -> tuple[str, str | None, str]:
     spec, active = job.spec, len(view.active)
     if spec.state == "Cancelled":
@@ -996,6 +1024,10 @@ def _phase(
         if not active:
             return "Suspended", "Suspended", "the Job is suspended"
         return "Running", "Suspended", f"suspending: stopping {active} runs"
+    if block is not None:
+        if not active:
+            return "Suspended", block.reason, f"{block.message}. {block.fix}"
+        return "Running", block.reason, f"suspending: stopping {active} runs: {block.message}"
     if any(a.status.phase == "Running" for a in view.active.values()):
         return "Running", None, f"{active} running, {len(view.succeeded)}/{completions} succeeded"
     if active:

@@ -27,7 +27,9 @@ class SchedulerService(Service):
     async def start(self) -> None:
         catalog = load_catalog(self.settings.env.get("NODUS_CATALOG"))
         await publish_catalog(self.bus, catalog)
-        self.lifecycle = Lifecycle(self.bus, catalog)
+        # NODUS_FUNDING=off: a fleet nobody pays for runs without billing's holds (funding.py).
+        funding = self.settings.env.get("NODUS_FUNDING", "on").lower() not in ("off", "0", "false")
+        self.lifecycle = Lifecycle(self.bus, catalog, funding=funding)
         life = self.lifecycle
         # Jobs are watched by the controller; Attempts and Nodes by the lifecycle's cache, which puts the
         # Jobs they concern in the same queue once its view holds the change (caching.py says why).

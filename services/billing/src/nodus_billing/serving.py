@@ -1,0 +1,241 @@
+"""Billing's endpoints (ADR-0024): holds for the scheduler; accounts, credits and usage for the gateway.
+
+``nodus.rpc.billing.hold`` funds one Attempt before the scheduler creates it: a hold named after the
+Attempt, for one funding window at its rate or as much of it as the caps, Budgets and credits allow, but
+never less than two stop margins. A hold that does not fit blocks the Job (the ``funding`` record) with the
+reason and a fix, before the reply, so the scheduler that reads the reply and the one that reads the
+record agree. Asking again for the same Attempt returns the same hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from nodus_billing.accounting import CREDITS_ISSUED, balance, spend_account
+from nodus_billing.books import Books
+from nodus_billing.holding import Grant, Op, PlaceHold, Revoke
+from nodus_billing.metering import Metering, job_ref, now_ms
+from nodus_billing.standing import State, available, month_of, project_held, room_for
+from nodus_kit import errors, messaging
+from nodus_kit.errors import NotFound
+from nodus_schema.billing import (
+    ACCOUNT_SUBJECT,
+    FUNDING_REASONS,
+    GRANT_SUBJECT,
+    HOLD_SUBJECT,
+    USAGE_SUBJECT,
+    AccountRequest,
+    AccountView,
+    Block,
+    Funding,
+    GrantReply,
+    GrantRequest,
+    HoldReply,
+    HoldRequest,
+    UsageReply,
+    UsageRequest,
+    UsageRow,
+)
+from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
+from nodus_schema.meta import ObjectMeta
+
+QUEUE = "billing"
+
+
+class Holds:
+    def __init__(self, books: Books, metering: Metering) -> None:
+        self.books = books
+        self.metering = metering
+
+    async def hold(self, req: HoldRequest) -> HoldReply:
+        try:
+            job = await self.metering.jobs.get(req.namespace, req.job)
+        except NotFound:
+            raise errors.NotFound(f"job {req.namespace}/{req.job} does not exist") from None
+        if job.metadata.uid != req.job_uid:
+            raise errors.NotFound(f"job {req.namespace}/{req.job} was re-created (uid {job.metadata.uid})")
+        if req.rate_micros_per_hour <= 0:
+            raise errors.Invalid(f"rateMicrosPerHour must be positive, not {req.rate_micros_per_hour}")
+        terms = self.metering.terms
+        ref = job_ref(req.job, req.job_uid)
+        now = now_ms()
+        rate = req.rate_micros_per_hour
+        want = charge_micros(rate, req.window_millis or terms.window_ms)
+        least = charge_micros(rate, 2 * terms.margin_ms)
+
+        def plan(state: State) -> Op | None:
+            if ref not in state.jobs:
+                return None  # refused put (see below)
+            existing = state.holds.get(req.attempt)
+            if existing is not None:  # a retry: the same op id returns the first answer
+                return PlaceHold(
+                    hold_id=req.attempt,
+                    job=ref,
+                    amount_micros=existing.reserved_micros,
+                    funded_until_ms=0,
+                    at_ms=0,
+                )
+            room, _ = room_for(state, ref, month_of(now))
+            amount = max(min(want, room), least)  # below `least` it is refused with the binding reason
+            until = now + amount * MICROS_PER_HOUR_MS // rate
+            return PlaceHold(
+                hold_id=req.attempt,
+                job=ref,
+                amount_micros=amount,
+                funded_until_ms=until,
+                at_ms=now,
+                rate_micros_per_hour=rate,
+            )
+
+        state = await self.books.read(req.namespace)
+        steps = [*(await self.metering._puts(job, state)), plan]
+        applied = await self.books.apply(req.namespace, steps)
+        result = applied.results[-1]
+        if result is None:
+            raise errors.TemporaryError(f"job {req.namespace}/{req.job} is not in the books yet; ask again")
+        state = applied.state
+        if not result.ok:
+            if result.code in FUNDING_REASONS:
+                await self._block(
+                    req,
+                    Block(
+                        reason=result.code or "",
+                        message=result.message or "",
+                        fix=result.fix or "",
+                        rate_micros_per_hour=rate,
+                    ),
+                )
+            return HoldReply(ok=False, code=result.code, message=result.message, fix=result.fix)
+        hold = state.holds[req.attempt]
+        return HoldReply(ok=True, hold_micros=hold.reserved_micros, funded_until_ms=hold.funded_until_ms)
+
+    async def _block(self, req: HoldRequest, block: Block) -> None:
+        store = self.metering.funding
+        record = Funding(
+            metadata=ObjectMeta(name=req.job, namespace=req.namespace), job_uid=req.job_uid, blocked=block
+        )
+        try:
+            current = await store.get(req.namespace, req.job)
+        except NotFound:
+            try:
+                await store.create(record)
+            except errors.AlreadyExists:
+                pass  # another replica blocked it at the same moment
+            return
+        if current.job_uid == req.job_uid and current.blocked == block:
+            return
+        record.metadata.resource_version = current.metadata.resource_version
+        try:
+            await store.update(record)
+        except errors.Conflict:
+            pass  # written meanwhile: metering's next pass decides
+
+
+class Accounts:
+    def __init__(self, books: Books, requeue_project: Any = None) -> None:
+        self.books = books
+        self.requeue_project = requeue_project or (lambda project: None)
+
+    async def account(self, req: AccountRequest) -> AccountView:
+        return account_view(req.project, await self.books.read(req.project))
+
+    async def grant(self, req: GrantRequest) -> GrantReply:
+        op: Op
+        if req.revoke:
+            op = Revoke(revoke_id=req.grant_id, project=req.project, amount_micros=req.amount_micros)
+        else:
+            op = Grant(grant_id=req.grant_id, project=req.project, amount_micros=req.amount_micros)
+        applied = await self.books.apply(req.project, [op])
+        result = applied.results[0]
+        view = account_view(req.project, applied.state)
+        if result is None or not result.ok:
+            code = result.code if result else "Invalid"
+            return GrantReply(
+                ok=False,
+                code=code,
+                message=result.message if result else None,
+                fix=result.fix if result else None,
+                account=view,
+            )
+        if not req.revoke:
+            self.requeue_project(req.project)  # blocked Jobs may run again
+        return GrantReply(ok=True, account=view)
+
+    async def usage(self, req: UsageRequest) -> UsageReply:
+        state = await self.books.read(req.project)
+        return UsageReply(project=req.project, rows=usage_rows(state, req.project, req.month))
+
+
+def account_view(project: str, state: State) -> AccountView:
+    refs = [r for r, job in state.jobs.items() if job.project == project]
+    spent = sum(balance(state.balances, spend_account(r)) for r in refs)
+    granted = sum(
+        e.amount_micros if e.source == CREDITS_ISSUED else -e.amount_micros
+        for e in state.ledger.values()
+        if CREDITS_ISSUED in (e.source, e.target)
+        and project in (_project_of(e.source), _project_of(e.target))
+    )
+    covered = sum(
+        sum(h.usage.covered.values()) for h in state.holds.values() if h.project == project and h.usage
+    )
+    return AccountView(
+        project=project,
+        granted_micros=granted,
+        available_micros=available(state, project),
+        held_micros=project_held(state, project),
+        spent_micros=spent,
+        unbilled_micros=sum(state.jobs[r].unbilled_micros for r in refs) + covered,
+        open_holds=sum(1 for h in state.holds.values() if h.project == project and h.status == "Open"),
+    )
+
+
+def _project_of(account: str) -> str | None:
+    parts = account.split(":")
+    return parts[1] if len(parts) == 3 and parts[0] == "project" else None
+
+
+def usage_rows(state: State, project: str, month: str | None) -> list[UsageRow]:
+    """One row per captured hold (one Attempt's run), oldest first."""
+    rows: list[UsageRow] = []
+    for hold in sorted(state.holds.values(), key=lambda h: (h.placed_ms, h.usage.attempt if h.usage else "")):
+        if hold.project != project or hold.usage is None or (month and hold.month != month):
+            continue
+        u = hold.usage
+        job = state.jobs.get(hold.job)
+        rows.append(
+            UsageRow(
+                month=hold.month,
+                job=hold.job.rsplit("@", 1)[0],
+                attempt=u.attempt,
+                offering=u.offering,
+                pricebook_version=u.pricebook_version,
+                rate_micros_per_hour=u.rate_micros_per_hour,
+                billed_millis=u.billed_millis,
+                amount_micros=hold.charged_micros,
+                boot_micros=u.segments.get("Boot", 0),
+                running_micros=u.segments.get("Running", 0),
+                restore_micros=u.segments.get("Restore", 0),
+                teardown_micros=u.segments.get("Teardown", 0),
+                covered_micros=sum(u.covered.values()),
+                sweep=job.sweep.rsplit("@", 1)[0] if job and job.sweep else None,
+                start_time=u.start_time,
+                finish_time=u.finish_time,
+            )
+        )
+    return rows
+
+
+async def serve_holds(nc: NATS, holds: Holds) -> Any:
+    return await messaging.serve(nc, HOLD_SUBJECT, HoldRequest, holds.hold, queue=QUEUE)
+
+
+async def serve_accounts(nc: NATS, books: Books, requeue_project: Any = None) -> list[Any]:
+    """The account, grant and usage endpoints; returns their subscriptions."""
+    accounts = Accounts(books, requeue_project)
+    return [
+        await messaging.serve(nc, ACCOUNT_SUBJECT, AccountRequest, accounts.account, queue=QUEUE),
+        await messaging.serve(nc, GRANT_SUBJECT, GrantRequest, accounts.grant, queue=QUEUE),
+        await messaging.serve(nc, USAGE_SUBJECT, UsageRequest, accounts.usage, queue=QUEUE),
+    ]

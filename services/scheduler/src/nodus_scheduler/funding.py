@@ -1,0 +1,113 @@
+"""Funding: billing's word on each Job, as the scheduler needs it (ADR-0024).
+
+Before an Attempt is created the binder asks billing for a hold (``nodus.rpc.billing.hold``); a hold that
+does not fit leaves the Job waiting, and billing blocks the Job in the ``funding`` bucket with the reason
+(MaxCostReached, InsufficientCredits, BudgetExceeded) and a fix. This module keeps those records in memory
+(a watch) so that every reconcile sees them without a read: a blocked Job is stopped with a checkpoint and
+held Suspended with billing's reason, and runs again once billing clears the block.
+
+``NODUS_FUNDING=off`` runs without billing (a private fleet nobody pays for): no holds, no blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from nats.aio.client import Client as NATS
+
+from nodus_kit import errors, messaging
+from nodus_kit.storing import ObjectStore
+from nodus_schema.attempts import Attempt
+from nodus_schema.billing import FUNDING_BUCKET, HOLD_SUBJECT, Block, Funding, HoldReply, HoldRequest
+from nodus_schema.jobs import Job
+from nodus_schema.meta import ObjectMeta
+
+log = logging.getLogger(__name__)
+
+HOLD_TIMEOUT_S: Final = 5.0
+RETRY_AFTER_S: Final = 1.0
+"""A Job whose hold could not be asked (billing down) is looked at again after this."""
+
+JobKey = tuple[str, str]
+
+
+class FundingView:
+    """The funding records by Job, kept current by a watch; and the hold request."""
+
+    def __init__(self, nc: NATS, *, enabled: bool = True) -> None:
+        self.nc = nc
+        self.enabled = enabled
+        self.store = ObjectStore(nc, FUNDING_BUCKET, Funding)
+        self.records: dict[JobKey, Funding] = {}
+        self.on_change: Callable[[JobKey], None] = lambda key: None
+        self.retry: Callable[[JobKey], None] = lambda key: None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.enabled and self._task is None:
+            self._task = asyncio.create_task(self._follow(), name="scheduler:funding")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    def blocked(self, job: Job) -> Block | None:
+        """Why billing will not fund the Job now (None: it may run)."""
+        record = self.records.get((job.metadata.namespace or "", job.metadata.name or ""))
+        if record is None or record.job_uid != job.metadata.uid:
+            return None
+        return record.blocked
+
+    async def hold(self, job: Job, attempts: tuple[Attempt, ...]) -> str | None:
+        """Fund each Attempt before it is created; None when all are funded, else why not (the unplaced
+        reason). A refusal blocks the Job here at once (billing has written the same record)."""
+        if not self.enabled:
+            return None
+        key = (job.metadata.namespace or "", job.metadata.name or "")
+        for attempt in attempts:
+            request = HoldRequest(
+                namespace=key[0],
+                job=key[1],
+                job_uid=job.metadata.uid or "",
+                attempt=attempt.metadata.name or "",
+                rate_micros_per_hour=attempt.spec.rate_micros_per_hour,
+                window_millis=0,
+            )
+            try:
+                reply = await messaging.request(
+                    self.nc, HOLD_SUBJECT, request, HoldReply, timeout=HOLD_TIMEOUT_S
+                )
+            except errors.NodusError as e:
+                asyncio.get_running_loop().call_later(RETRY_AFTER_S, self.retry, key)
+                return f"waiting for billing to fund the run: {e}"
+            if not reply.ok:
+                block = Block(reason=reply.code or "", message=reply.message or "", fix=reply.fix or "")
+                meta = ObjectMeta(name=key[1], namespace=key[0])
+                self.records[key] = Funding(metadata=meta, job_uid=job.metadata.uid or "", blocked=block)
+                return f"{reply.message}; {reply.fix}"
+        return None
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                async with self.store.watch() as w:
+                    async for event in w:
+                        meta = event.object.metadata
+                        key = (meta.namespace or "", meta.name or "")
+                        if event.type == "DELETED":
+                            self.records.pop(key, None)
+                        else:
+                            self.records[key] = event.object
+                        self.on_change(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("funding watch failed, restarting: %s", e)
+                await asyncio.sleep(0.5)
