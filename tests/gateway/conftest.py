@@ -32,3 +32,16 @@ async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
     ) as client:
         yield client
+
+
+@pytest_asyncio.fixture(scope="session", autouse=True)
+async def billing_endpoints(nc: NATS) -> AsyncIterator[None]:
+    """Billing's account, grant and usage endpoints (the real ones) for every gateway test: the account
+    and usage routes answer from them, and a route that every GET test calls must not answer 503."""
+    from nodus_billing.books import Books
+    from nodus_billing.serving import serve_accounts
+
+    subs = await serve_accounts(nc, Books(nc))
+    yield
+    for sub in subs:
+        await sub.unsubscribe()

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from nodus_cli import commands
 from nodus_cli.client import BadCA, Client, Unreachable
@@ -21,6 +22,10 @@ examples:
   nodus describe sweep lr-sweep
   nodus logs lr-sweep-0 -f
   nodus delete sweep lr-sweep
+  nodus account -n team-a
+  nodus credits grant 100.00 -n team-a
+  nodus usage --month 2026-11 -o csv
+  nodus invoice 2026-11
 
 The gateway, token and CA come from --server/--token/--ca, NODUS_URL/NODUS_TOKEN/NODUS_CA, or
 .nodus/local.env (written by `make up`) in this directory or a parent."""
@@ -61,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("get", parents=[common], help="list objects, or show one")
-    p.add_argument("kind", metavar="KIND", help="sweeps or jobs")
+    p.add_argument("kind", metavar="KIND", help="sweeps, jobs or budgets")
     p.add_argument("name", metavar="NAME", nargs="?")
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     p.add_argument("-l", "--selector", metavar="SELECTOR", help="a label selector, e.g. team=vision")
@@ -82,12 +87,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
     p.add_argument("--attempt", type=int, metavar="N", help="only attempt N of the index (default: all)")
     p.add_argument("--timestamps", action="store_true", help="start each line with its time")
+
+    _billing_commands(sub, common)
     return parser
+
+
+def _billing_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("account", parents=[common], help="show the credits of a project")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+    p = sub.add_parser("credits", parents=[common], help="grant or revoke credits (the cluster admin)")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, text in (
+        ("grant", "add credits to the project"),
+        ("revoke", "take credits back (only what no running Attempt holds)"),
+    ):
+        a = actions.add_parser(action, parents=[common], help=text)
+        a.add_argument("amount", metavar="AMOUNT", help="USD, such as 100.00")
+        a.add_argument(
+            "--id",
+            dest="grant_id",
+            metavar="ID",
+            help="names the grant: the same id again counts once (default: a new id, printed)",
+        )
+        a.add_argument("--note", default="", help="why, for whoever reads the ledger")
+
+    p = sub.add_parser("usage", parents=[common], help="list the charges of a project, one per Attempt")
+    p.add_argument("--month", metavar="YYYY-MM", help="one UTC month (default: every month)")
+    p.add_argument("-o", "--output", choices=("table", "csv", "json"), default="table")
+
+    p = sub.add_parser("invoice", parents=[common], help="show the invoice of a project for a month")
+    p.add_argument("month", metavar="MONTH", help="the UTC month, YYYY-MM")
+    p.add_argument("-o", "--output", choices=("table", "csv", "json"), default="table")
 
 
 def _dispatch(args: argparse.Namespace, client: Client, config: Config) -> int:
     if args.command == "apply":
         return commands.apply(client, config, args.filename)
+    billing = _dispatch_billing(args, client, config)
+    if billing is not None:
+        return billing
     if args.command == "logs":
         return commands.logs(
             client,
@@ -107,6 +146,21 @@ def _dispatch(args: argparse.Namespace, client: Client, config: Config) -> int:
     if args.command == "describe":
         return commands.describe(client, config, kind, args.name)
     return commands.delete(client, config, kind, args.name)
+
+
+def _dispatch_billing(args: argparse.Namespace, client: Client, config: Config) -> int | None:
+    """The billing commands' exit code; None for any other command."""
+    if args.command == "account":
+        return commands.account(client, config, output=args.output)
+    if args.command == "credits":
+        return commands.credits(
+            client, config, args.action, args.amount, grant_id=args.grant_id, note=args.note
+        )
+    if args.command == "usage":
+        return commands.usage(client, config, month=args.month, output=args.output)
+    if args.command == "invoice":
+        return commands.invoice(client, config, args.month, output=args.output)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,6 +117,34 @@ class Client:
     def delete(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
         return self._call("DELETE", self.path(plural, namespace, name))
 
+    # -- billing: a project's account, credits, usage and invoices ------------------------------------------
+    @staticmethod
+    def project_path(namespace: str, *rest: str) -> str:
+        return "/".join([f"/apis/{API_VERSION}/namespaces/{namespace}", *rest])
+
+    def account(self, namespace: str) -> dict[str, Any]:
+        return self._call("GET", self.project_path(namespace, "account"))
+
+    def grant(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Grant (or revoke) credits; the body's id makes a retry the same grant."""
+        return self._call("POST", self.project_path(namespace, "account", "grants"), json=body)
+
+    def usage(self, namespace: str, month: str | None) -> dict[str, Any]:
+        return self._call("GET", self.project_path(namespace, "usage"), params=_month(month))
+
+    def invoice(self, namespace: str, month: str) -> dict[str, Any]:
+        return self._call("GET", self.project_path(namespace, "invoices", month))
+
+    def csv(self, path: str, params: dict[str, str] | None = None) -> str:
+        """The CSV form of a usage or invoice path (``format=csv``), as the server wrote it."""
+        with _transport_errors(self.server):
+            resp = self._http.get(
+                path, params={**(params or {}), "format": "csv"}, headers={"Accept": "text/csv"}
+            )
+        if not resp.is_success:
+            raise ApiError(_status_of(resp))
+        return resp.text
+
     def log(self, namespace: str, job: str, params: dict[str, str], *, follow: bool) -> Iterator[bytes]:
         """A Job's log as it arrives (``GET .../jobs/<job>/log``); with ``follow`` no read timeout, since a
         quiet program may print nothing for minutes."""
@@ -152,6 +180,10 @@ class Client:
                 )
             return body
         raise ApiError(_status_of(resp))
+
+
+def _month(month: str | None) -> dict[str, str] | None:
+    return {"month": month} if month else None
 
 
 @contextmanager

@@ -1,10 +1,13 @@
-"""The commands: apply, get, describe, delete, logs. Each returns an exit code and prints to stdout/stderr."""
+"""The commands: apply, get, describe, delete, logs; account, credits, usage, invoice. Each returns an exit
+code and prints to stdout/stderr."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -13,12 +16,22 @@ import yaml
 from nodus_cli import manifests
 from nodus_cli.client import ApiError, Client
 from nodus_cli.config import Config
-from nodus_cli.describing import describe_job, describe_sweep
-from nodus_cli.kinds import SWEEP, Kind, by_manifest_kind
+from nodus_cli.describing import describe_budget, describe_job, describe_sweep
+from nodus_cli.kinds import BUDGET, JOB, KINDS, SWEEP, Kind, by_manifest_kind
 from nodus_cli.reporting import status_text
-from nodus_cli.tables import jobs_table, sweep_view, sweeps_table
+from nodus_cli.tables import (
+    account_view,
+    budgets_table,
+    invoice_table,
+    jobs_table,
+    sweep_view,
+    sweeps_table,
+    usage_table,
+)
 from nodus_schema import TERMINAL_PHASES, Sweep, decode, to_builtins
+from nodus_schema.billing import Account, Invoice, UsageList
 from nodus_schema.defaulting import default_job, default_sweep
+from nodus_schema.quantities import micros_to_usd, usd_to_micros
 
 WATCH_INTERVAL_S: Final = 1.0
 CLEAR_SCREEN: Final = "\x1b[H\x1b[2J"
@@ -35,6 +48,32 @@ def _err(text: str) -> None:
 def _typed(kind: Kind, raw: dict[str, Any]) -> Any:
     # Lenient on purpose: fields a newer server adds must not break an older CLI.
     return msgspec.convert(raw, kind.object_type)
+
+
+# How each kind prints: a list, and one object (a Sweep's own view has its cells).
+LIST_VIEWS: Final[dict[str, Callable[[Sequence[Any]], str]]] = {
+    SWEEP.kind: sweeps_table,
+    JOB.kind: jobs_table,
+    BUDGET.kind: budgets_table,
+}
+DESCRIBE: Final[dict[str, Callable[[Any], str]]] = {
+    SWEEP.kind: describe_sweep,
+    JOB.kind: describe_job,
+    BUDGET.kind: describe_budget,
+}
+
+
+def _one_view(kind: Kind, obj: Any) -> str:
+    return sweep_view(obj) if kind is SWEEP else LIST_VIEWS[kind.kind]([obj])
+
+
+def _defaulted(kind: Kind, obj: Any) -> Any:
+    """The object as the server stores it: Sweeps and Jobs defaulted, other kinds as written."""
+    if kind is SWEEP:
+        return default_sweep(obj)
+    if kind is JOB:
+        return default_job(obj)
+    return obj
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -61,7 +100,8 @@ def apply(client: Client, config: Config, files: list[str]) -> int:
 def _apply_one(client: Client, config: Config, doc: manifests.Document) -> bool:
     kind = by_manifest_kind(doc.data.get("kind"))
     if kind is None:
-        _err(f'error: {doc.source}: kind "{doc.data.get("kind")}" is not a Nodus kind (Sweep or Job)')
+        known = ", ".join(k.kind for k in KINDS)
+        _err(f'error: {doc.source}: kind "{doc.data.get("kind")}" is not a Nodus kind ({known})')
         return False
     metadata = doc.data.get("metadata")
     meta: dict[str, Any] = metadata if isinstance(metadata, dict) else {}
@@ -91,11 +131,9 @@ def _already_there(client: Client, kind: Kind, namespace: str, name: str, doc: m
         return False
     # The server stores specs defaulted: default the file's the same way before comparing.
     wanted = decode({k: v for k, v in doc.data.items() if k != "status"}, kind.object_type).value
-    if wanted is not None:
-        defaulted = default_sweep(wanted) if kind is SWEEP else default_job(wanted)
-        if to_builtins(defaulted.spec) == to_builtins(existing.spec):
-            _out(f"{kind.ref(name)} unchanged")
-            return True
+    if wanted is not None and to_builtins(_defaulted(kind, wanted).spec) == to_builtins(existing.spec):
+        _out(f"{kind.ref(name)} unchanged")
+        return True
     _err(
         f"error: {kind.ref(name)} already exists with a different spec and was not changed: updates "
         "come with the full API. To replace it, delete it first: "
@@ -135,14 +173,13 @@ def get(
     elif output == "yaml":
         _out(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True).rstrip())
     elif name:
-        obj = _typed(kind, raw)
-        _out(sweep_view(obj) if kind is SWEEP else jobs_table([obj]))
+        _out(_one_view(kind, _typed(kind, raw)))
     else:
         items = [_typed(kind, item) for item in raw.get("items", [])]
         if not items:
             _err(f"No {kind.plural} found in {ns} namespace.")
         else:
-            _out(sweeps_table(items) if kind is SWEEP else jobs_table(items))
+            _out(LIST_VIEWS[kind.kind](items))
     return 0
 
 
@@ -194,8 +231,7 @@ def describe(client: Client, config: Config, kind: Kind, name: str) -> int:
     except ApiError as e:
         _err(status_text(e.status))
         return 1
-    obj = _typed(kind, raw)
-    _out(describe_sweep(obj) if kind is SWEEP else describe_job(obj))
+    _out(DESCRIBE[kind.kind](_typed(kind, raw)))
     return 0
 
 
@@ -242,4 +278,96 @@ def logs(
     except ApiError as e:
         _err(status_text(e.status))
         return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# account, credits, usage, invoice (issue #7)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _print(raw: dict[str, Any], output: str, table: Callable[[], str]) -> None:
+    if output == "json":
+        _out(json.dumps(raw, indent=2))
+    elif output == "yaml":
+        _out(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True).rstrip())
+    else:
+        _out(table())
+
+
+def account(client: Client, config: Config, *, output: str = "table") -> int:
+    """The project's balances: granted = available + held + spent."""
+    try:
+        raw = client.account(config.namespace)
+    except ApiError as e:
+        _err(status_text(e.status))
+        return 1
+    _print(raw, output, lambda: account_view(msgspec.convert(raw, Account)))
+    return 0
+
+
+def _canonical_usd(amount: str) -> str:
+    """``$100`` → ``100.00``; what does not parse is sent as typed, for the server to say what is wrong."""
+    text = amount.strip().removeprefix("$")
+    try:
+        return micros_to_usd(usd_to_micros(text))
+    except ValueError:
+        return text
+
+
+def credits(
+    client: Client, config: Config, action: str, amount: str, *, grant_id: str | None, note: str = ""
+) -> int:
+    """Grant (or revoke) credits (the cluster admin only). The id is made here when not given, and printed,
+    so that running the command again with ``--id`` after a lost answer counts once."""
+    revoke = action == "revoke"
+    gid = grant_id or str(uuid.uuid4())
+    usd = _canonical_usd(amount)
+    body: dict[str, Any] = {"amountUSD": usd, "id": gid, "revoke": revoke}
+    if note:
+        body["note"] = note
+    try:
+        raw = client.grant(config.namespace, body)
+    except ApiError as e:
+        _err(status_text(e.status))
+        return 1
+    done = f"revoked ${usd} from" if revoke else f"granted ${usd} to"
+    _out(f"{done} project {config.namespace} (id {gid}; the same --id again counts once)\n")
+    _out(account_view(msgspec.convert(raw, Account)))
+    return 0
+
+
+def usage(client: Client, config: Config, *, month: str | None, output: str = "table") -> int:
+    """The project's charges, one row per Attempt (one month, or every month)."""
+    ns = config.namespace
+    try:
+        if output == "csv":
+            params = {"month": month} if month else None
+            sys.stdout.write(client.csv(client.project_path(ns, "usage"), params))
+            return 0
+        raw = client.usage(ns, month)
+    except ApiError as e:
+        _err(status_text(e.status))
+        return 1
+    listed = msgspec.convert(raw, UsageList)
+    if output == "table" and not listed.items:
+        when = f" in {month}" if month else ""
+        _err(f"No usage found in {ns} namespace{when}.")
+        return 0
+    _print(raw, output, lambda: usage_table(listed))
+    return 0
+
+
+def invoice(client: Client, config: Config, month: str, *, output: str = "table") -> int:
+    """The project's invoice of a month: a line per Sweep (or Job), offering and rate, then the total."""
+    ns = config.namespace
+    try:
+        if output == "csv":
+            sys.stdout.write(client.csv(client.project_path(ns, "invoices", month)))
+            return 0
+        raw = client.invoice(ns, month)
+    except ApiError as e:
+        _err(status_text(e.status))
+        return 1
+    _print(raw, output, lambda: invoice_table(msgspec.convert(raw, Invoice)))
     return 0

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from nodus_cli.tables import NONE, age, best_lines, cell_table, cells_done, gpu_text, table, usd, wall
 from nodus_schema import Condition, Cost, Job, JobSpec, ObjectMeta, Sweep
+from nodus_schema.billing import Budget
 from nodus_schema.validating import count_cells
 
 Field = tuple[str, str]
@@ -151,4 +152,25 @@ def describe_job(job: Job) -> str:
         ],
     )
     lines += _conditions(st.conditions)
+    return "\n".join(lines)
+
+
+def describe_budget(budget: Budget) -> str:
+    spec, st = budget.spec, budget.status
+    lines = _meta("Budget", budget.metadata)
+    lines += _section(
+        "Spec",
+        [
+            ("Monthly", usd(spec.monthly_usd)),
+            ("Selector", _pairs(spec.selector) if spec.selector else "every Job of the project"),
+        ],
+    )
+    lines += _section(
+        "Status",
+        [
+            ("Month", st.month or NONE),
+            ("Used", usd(st.used_usd)),
+            ("Observed Gen.", str(st.observed_generation) if st.observed_generation else NONE),
+        ],
+    )
     return "\n".join(lines)

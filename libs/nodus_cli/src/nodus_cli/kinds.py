@@ -1,4 +1,8 @@
-"""The kinds the CLI knows, and the names people type for them (``sweep``, ``sweeps``, ``sw``, ``Sweep``)."""
+"""The kinds the CLI knows, and the names people type for them (``sweep``, ``sweeps``, ``sw``, ``Sweep``).
+
+A static table rather than API discovery: the CLI prints each kind its own way (a Sweep's cells, a Job's
+completions, a Budget's month), so a kind it has no view for would not print well anyway.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodus_schema import API_GROUP, Job, Sweep
+from nodus_schema.billing import Budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +28,8 @@ class Kind:
 
 SWEEP = Kind("Sweep", "sweep", "sweeps", Sweep, ("sw",))
 JOB = Kind("Job", "job", "jobs", Job)
-KINDS: tuple[Kind, ...] = (SWEEP, JOB)
+BUDGET = Kind("Budget", "budget", "budgets", Budget, ("bud",))
+KINDS: tuple[Kind, ...] = (SWEEP, JOB, BUDGET)
 
 
 class UnknownKind(ValueError):

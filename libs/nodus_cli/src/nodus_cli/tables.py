@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from nodus_schema import (
     TERMINAL_PHASES,
@@ -13,7 +14,9 @@ from nodus_schema import (
     format_gpu,
     parse_time,
 )
+from nodus_schema.billing import Account, Budget, Invoice, UsageList
 from nodus_schema.gpus import GPURequest, has_string_form
+from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.validating import count_cells
 
 NONE = "-"
@@ -201,3 +204,81 @@ def jobs_table(jobs: Sequence[Job]) -> str:
             ]
         )
     return table(("NAME", "PHASE", "GPU", "COMPLETIONS", "WALL", "UNITS/S", "COST", "AGE"), rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Budgets, the account, usage and invoices (issue #7)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def budgets_table(budgets: Sequence[Budget]) -> str:
+    rows = []
+    for b in budgets:
+        st = b.status
+        rows.append(
+            [
+                b.metadata.name or NONE,
+                usd(b.spec.monthly_usd),
+                usd(st.used_usd),
+                st.month or NONE,
+                ", ".join(f"{k}={v}" for k, v in sorted(b.spec.selector.items())) or "(every Job)",
+                age(b.metadata.creation_timestamp),
+            ]
+        )
+    return table(("NAME", "MONTHLY", "USED", "MONTH", "SELECTOR", "AGE"), rows)
+
+
+def account_view(account: Account) -> str:
+    """The balances, one per line, with the identity they always keep: granted = available + held + spent."""
+    st = account.status
+    rows = [
+        ["granted", usd(st.granted_usd), "credits granted, less those revoked"],
+        ["available", usd(st.available_usd), "what new runs may reserve"],
+        ["held", usd(st.held_usd), f"reserved by {st.open_holds} open hold(s) of running Attempts"],
+        ["spent", usd(st.spent_usd), "charged"],
+        ["unbilled", usd(st.unbilled_usd), "absorbed by Nodus, never charged"],
+    ]
+    return f"Account of project {account.metadata.name}\n\n" + table(("BALANCE", "USD", ""), rows)
+
+
+def usage_table(usage: UsageList) -> str:
+    """One row per Attempt, then the total charged."""
+    rows = [
+        [
+            i.month,
+            i.sweep or NONE,
+            i.job,
+            i.attempt,
+            i.offering or NONE,
+            usd(i.rate_usd_per_hour),
+            f"{i.billed_seconds}s",
+            usd(i.cost_usd),
+            usd(i.covered_usd),
+        ]
+        for i in usage.items
+    ]
+    headers = ("MONTH", "SWEEP", "JOB", "ATTEMPT", "OFFERING", "RATE/H", "BILLED", "COST", "COVERED")
+    total = micros_to_usd(sum(usd_to_micros(i.cost_usd) for i in usage.items))
+    return table(headers, rows) + f"\n\ntotal charged: ${total}"
+
+
+def invoice_table(inv: Invoice) -> str:
+    """A line per Sweep (or Job), offering and rate, then the TOTAL line."""
+    rows = [
+        [
+            line.sweep or NONE,
+            line.job or NONE,
+            line.offering or NONE,
+            usd(line.rate_usd_per_hour),
+            str(line.attempts),
+            line.quantity,
+            usd(line.amount_usd),
+            usd(line.covered_usd),
+        ]
+        for line in inv.lines
+    ]
+    attempts = str(sum(x.attempts for x in inv.lines))
+    hours = str(sum((Decimal(x.quantity) for x in inv.lines), Decimal("0.000000")))
+    rows.append(["TOTAL", "", "", "", attempts, hours, usd(inv.total_usd), usd(inv.covered_usd)])
+    headers = ("SWEEP", "JOB", "OFFERING", "RATE/H", "ATTEMPTS", "HOURS", "AMOUNT", "COVERED")
+    return f"Invoice of project {inv.project} for {inv.month}\n\n" + table(headers, rows)

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from nodus_schema.billing import Budget
 from nodus_schema.fielding import CauseType, ErrorList, FieldError, Path
 from nodus_schema.gpus import GPURequest, parse_gpu_parts
 from nodus_schema.jobs import (
@@ -67,6 +68,7 @@ from nodus_schema.wire import API_VERSION
 
 __all__ = [
     "ALLOWED_GPU_COUNTS",
+    "MAX_BUDGET_NAME",
     "MAX_CELLS",
     "MAX_JOB_NAME",
     "MAX_SWEEP_NAME",
@@ -78,6 +80,7 @@ __all__ = [
     "count_cells",
     "gpu_request_errors",
     "is_object_name",
+    "validate_budget",
     "validate_job",
     "validate_job_spec",
     "validate_object_meta",
@@ -1171,6 +1174,25 @@ def validate_sweep(sweep: Sweep) -> list[FieldError]:
     _type_meta(errs, sweep.api_version, sweep.kind, "Sweep")
     errs.extend(validate_object_meta(sweep.metadata, max_name=MAX_SWEEP_NAME))
     errs.extend(_remembered("Sweep", sweep.spec, lambda e: _sweep_spec(e, Path("spec"), sweep.spec)))
+    return errs.as_list()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Budget
+# ---------------------------------------------------------------------------------------------------------
+
+MAX_BUDGET_NAME: Final = 63
+
+
+def validate_budget(budget: Budget) -> list[FieldError]:
+    """Every rule of a Budget: type, metadata, a monthly USD amount (as maxCostUSD is written) and a selector
+    of label pairs (keys and values as labels take them); the status is billing's and is not checked."""
+    errs = ErrorList()
+    _type_meta(errs, budget.api_version, budget.kind, "Budget")
+    errs.extend(validate_object_meta(budget.metadata, max_name=MAX_BUDGET_NAME))
+    spec = Path("spec")
+    _usd(errs, spec.child("monthlyUSD"), budget.spec.monthly_usd)
+    _labels(errs, spec.child("selector"), budget.spec.selector)
     return errs.as_list()
 
 

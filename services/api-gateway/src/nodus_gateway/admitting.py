@@ -239,9 +239,19 @@ def _decode(
     else:
         decoded = decode(data, res.object_type, json_source=json_body)
     causes = decoded.errors + (decoded.unknown_errors() if validation is FieldValidation.STRICT else [])
+    causes += _missing(res, data)
     if causes or decoded.value is None:
         raise invalid(res, name, causes)
     return decoded
+
+
+def _missing(res: Resource, data: Mapping[str, Any]) -> list[FieldError]:
+    """The row's required top-level fields the body leaves out (or sends as null)."""
+    return [
+        FieldError(f, CauseType.REQUIRED, f"Required value: a {res.kind} needs its {f}")
+        for f in res.required
+        if data.get(f) is None
+    ]
 
 
 def _warnings(decoded: Decoded[Any], validation: FieldValidation) -> tuple[str, ...]:

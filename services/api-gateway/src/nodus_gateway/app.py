@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 
 from nodus_gateway.admin import admin_router
 from nodus_gateway.auth import BearerAuth
+from nodus_gateway.billingapi import billing_router
 from nodus_gateway.clusterrouting import cluster_router
 from nodus_gateway.config import MAX_BODY_BYTES
 from nodus_gateway.discovery import discovery_router
@@ -23,7 +24,7 @@ from nodus_gateway.logstreaming import log_router
 from nodus_gateway.openapi import openapi_router
 from nodus_gateway.principals import Principals
 from nodus_gateway.requesting import RequestContext
-from nodus_gateway.resources import Stores
+from nodus_gateway.resources import Stores, resource
 from nodus_gateway.responding import ApiError, bus_unavailable, reason_for_code, status_response
 from nodus_gateway.routing import API_PREFIX, api_router
 from nodus_gateway.secreting import secret_router
@@ -60,6 +61,8 @@ def build_app(
         cluster_router(stores),
         secret_router(stores, max_body_bytes=max_body_bytes),
         log_router(stores),
+        # Billing's books, asked over the bus on the connection the stores use.
+        billing_router(stores[resource("budgets").plural].nc, max_body_bytes=max_body_bytes),
         api_router(stores, max_body_bytes=max_body_bytes),
     ]
     if principals is not None:

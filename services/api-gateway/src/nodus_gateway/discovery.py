@@ -245,8 +245,14 @@ def _api_resource(res: Resource, route_verbs: set[str], from_routes: bool) -> AP
         kind=res.kind,
         verbs=_ordered(verbs),
         short_names=list(getattr(res, "short_names", ()) or ()),
-        categories=list(getattr(res, "categories", CATEGORIES) or CATEGORIES),
+        # A row's own categories, none included (a Budget is in none); CATEGORIES for rows that say nothing.
+        categories=list(_categories(res)),
     )
+
+
+def _categories(res: Resource) -> tuple[str, ...]:
+    declared = getattr(res, "categories", None)
+    return CATEGORIES if declared is None else tuple(declared)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from nodus_gateway.responding import ApiError, object_response
 from nodus_gateway.system import VERSION
 from nodus_schema import API_GROUP, Status, Table, list_kind
 from nodus_schema.access import Project, ProjectList, Token, TokenList
+from nodus_schema.billing import Account, CreditGrant, Invoice, UsageList
 
 Schema = dict[str, Any]
 Ref = Callable[[str], Schema]
@@ -51,6 +52,7 @@ REF_V2: Final = "#/definitions/{name}"
 GROUP_VERSION_KIND: Final = "x-kubernetes-group-version-kind"
 JSON: Final = "application/json"
 YAML: Final = "application/yaml"
+CSV: Final = "text/csv"
 TABLE: Final = "application/json;as=Table;g=meta.k8s.io;v=v1"
 WATCH_STREAM: Final = "application/json;stream=watch"
 PATCH_TYPES: Final = (
@@ -72,6 +74,9 @@ PARAMETER_DOCS: Final = {
     "watch": "Stream ADDED, MODIFIED and DELETED events (newline-delimited WatchEvents) instead of listing.",
     "resourceVersion": "The resourceVersion to list or watch from.",
     "includeObject": "What each row of a Table carries: None, Metadata (the default) or Object.",
+    "month": "A UTC month, YYYY-MM (usage: every month when left out).",
+    "format": "json (the default) or csv; without it, an Accept header listing text/csv first asks for CSV.",
+    "Idempotency-Key": "Names the grant when the body has no id: a retry with the same key counts once.",
     "fieldValidation": (
         "Kubernetes' field validation directive. The gateway always validates strictly (unknown and "
         "duplicate fields are errors), whatever is asked."
@@ -92,6 +97,29 @@ ADMIN_KINDS: Final[dict[str, tuple[type[Any], type[Any]]]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class View:
+    """A project's route outside the resource table (billingapi.py): the type it answers as JSON, the body
+    it takes (if any), and whether it answers CSV too."""
+
+    reply: type[Any]
+    body: type[Any] | None = None
+    csv: bool = False
+
+
+# By the path after /namespaces/{namespace}/.
+PROJECT_VIEWS: Final[dict[str, View]] = {
+    "account": View(Account),
+    "account/grants": View(Account, body=CreditGrant),
+    "usage": View(UsageList, csv=True),
+    "invoices/{month}": View(Invoice, csv=True),
+}
+VIEW_KINDS: Final = (Account, UsageList, Invoice)
+"""The kinds the project views answer (nodus.dev/v1, read-only: no list, no watch)."""
+BODY_TYPES: Final = (CreditGrant,)
+"""Request bodies that are not objects of a kind."""
+
+
 def _typed() -> list[tuple[type[Any], tuple[str, str, str]]]:
     """Every type a response or request body can be, with the group, version and kind it stands for."""
     out: list[tuple[type[Any], tuple[str, str, str]]] = []
@@ -101,6 +129,8 @@ def _typed() -> list[tuple[type[Any], tuple[str, str, str]]]:
     for obj, lst in ADMIN_KINDS.values():
         out.append((obj, (API_GROUP, discovery.VERSION, obj.__name__)))
         out.append((lst, (API_GROUP, discovery.VERSION, lst.__name__)))
+    for view in VIEW_KINDS:
+        out.append((view, (API_GROUP, discovery.VERSION, view.__name__)))
     out.append((Status, ("", "v1", "Status")))
     out.append((Table, ("meta.k8s.io", "v1", "Table")))
     for t in discovery.DISCOVERY_TYPES:
@@ -182,9 +212,10 @@ class Components:
 def components(ref_template: str, *, v2: bool) -> Components:
     """The component schemas of every wire type, converted to the dialect (OpenAPI 3.0 or Swagger 2.0)."""
     typed = _typed()
-    refs, schemas = msgspec.json.schema_components([t for t, _ in typed], ref_template=ref_template)
-    names = {t: str(ref["$ref"]).rsplit("/", 1)[-1] for (t, _), ref in zip(typed, refs, strict=True)}
-    _describe_fields(schemas, [t for t, _ in typed])
+    types = [t for t, _ in typed] + list(BODY_TYPES)
+    refs, schemas = msgspec.json.schema_components(types, ref_template=ref_template)
+    names = {t: str(ref["$ref"]).rsplit("/", 1)[-1] for t, ref in zip(types, refs, strict=True)}
+    _describe_fields(schemas, types)
     for s in schemas.values():
         if isinstance(s.get("description"), str):
             s["description"] = inspect.cleandoc(s["description"])  # a class docstring keeps its indent
@@ -446,17 +477,34 @@ def _plain_operation(route: Any, path: str, method: str, c: Components, ref: Ref
         reply = {JSON: ref(c.names[lst if listed else obj])}
         if method == "POST":
             body = Body(ref(c.names[obj]), (JSON, YAML))
+    params = _path_params(path) + _query_params(route)
+    view = _project_view(path)
+    if view is not None:
+        reply = {JSON: ref(c.names[view.reply])} | ({CSV: {"type": "string"}} if view.csv else {})
+        if view.body is not None:
+            body = Body(ref(c.names[view.body]), (JSON, YAML))
+            params.append(
+                Param(
+                    "Idempotency-Key", "header", {"type": "string"}, False, PARAMETER_DOCS["Idempotency-Key"]
+                )
+            )
     return Operation(
         path=path,
         method=method,
         operation_id=_operation_id(route.name or "", method, path),
         description=(getattr(route, "description", "") or route.name or "").strip(),
         tags=[str(t) for t in getattr(route, "tags", []) or []],
-        params=_path_params(path) + _query_params(route),
+        params=params,
         replies={code: reply, **_errors(public, ref)},
         body=body,
         public=public,
     )
+
+
+def _project_view(path: str) -> View | None:
+    """The view a project path serves (``/apis/nodus.dev/v1/namespaces/{namespace}/account``), else None."""
+    prefix = f"{API_PREFIX}/namespaces/{{namespace}}/"
+    return PROJECT_VIEWS.get(path[len(prefix) :]) if path.startswith(prefix) else None
 
 
 def _admin_kind(path: str) -> tuple[tuple[type[Any], type[Any]], bool] | None:

@@ -11,7 +11,9 @@ the routes must honour:
 * ``redact``: removes write-only fields (a Secret's values) from an object before it leaves the API; every
   response and watch event of the row must pass its objects through it;
 * ``served_by``: the module whose routes serve the row. The generic routes (routing.py) serve the rows
-  of ``"routing"``; the others have routes of their own and the generic ones must skip them.
+  of ``"routing"``; the others have routes of their own and the generic ones must skip them;
+* ``required``: top-level fields a written body must carry where the type's default would say what the
+  caller did not (a Budget without a spec would be a $0 Budget, which stops every run of the project).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from nats.aio.client import Client as NATS
 from nodus_kit.storing import ObjectStore
 from nodus_schema import API_GROUP, CauseType, FieldError, Job, JobList, Sweep, SweepList
 from nodus_schema.attempts import Attempt
+from nodus_schema.billing import Budget, BudgetList
 from nodus_schema.configs import (
     Connection,
     ConnectionList,
@@ -40,7 +43,14 @@ from nodus_schema.defaulting import default_job, default_sweep
 from nodus_schema.listing import AttemptList, NodeList
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering, OfferingList
-from nodus_schema.validating import MAX_JOB_NAME, MAX_SWEEP_NAME, validate_job, validate_sweep
+from nodus_schema.validating import (
+    MAX_BUDGET_NAME,
+    MAX_JOB_NAME,
+    MAX_SWEEP_NAME,
+    validate_budget,
+    validate_job,
+    validate_sweep,
+)
 
 ALL_VERBS: Final = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 READ_VERBS: Final = ("get", "list", "watch")
@@ -85,6 +95,8 @@ class Resource:
     redact: Callable[[Any], Any] = _unchanged
     """Write-only fields out: applied to every object of the row before it is returned."""
     served_by: str = "routing"
+    required: tuple[str, ...] = ()
+    """Top-level fields a create or update body must carry (its type's default is no answer for them)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.verbs) - set(ALL_VERBS)
@@ -197,6 +209,22 @@ RESOURCES: tuple[Resource, ...] = (
         max_name=63,
         short_names=("conn",),
         categories=NODUS_ONLY,
+    ),
+    Resource(
+        plural="budgets",
+        singular="budget",
+        kind="Budget",
+        bucket="budgets",
+        object_type=Budget,
+        list_type=BudgetList,
+        # Written as sent: billing reads spec.monthlyUSD and spec.selector as they are (ADR-0023).
+        default=_unchanged,
+        validate=validate_budget,
+        max_name=MAX_BUDGET_NAME,
+        short_names=("bud",),
+        # In no category: `kubectl get all` (and `get nodus`) list what runs, not the limits on it.
+        categories=(),
+        required=("spec",),
     ),
     _read_only(
         "nodes",

@@ -214,6 +214,22 @@ def throughput(obj: JSONObject, _: datetime) -> Cell:
     return value if isinstance(value, str) and value else NONE
 
 
+def budget_monthly(obj: JSONObject, _: datetime) -> Cell:
+    amount = _get(obj, "spec", "monthlyUSD")
+    return f"${amount}" if isinstance(amount, str) and amount else NONE
+
+
+def budget_used(obj: JSONObject, _: datetime) -> Cell:
+    # Billing's figure for status.month; none until billing has seen the Budget.
+    used = _get(obj, "status", "usedUSD")
+    return f"${used}" if isinstance(used, str) and used else NONE
+
+
+def budget_month(obj: JSONObject, _: datetime) -> Cell:
+    month = _get(obj, "status", "month")
+    return month if isinstance(month, str) and month else NONE
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Columns per kind
 # ---------------------------------------------------------------------------------------------------------
@@ -259,6 +275,20 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
         AGE,
         REASON,
         Column("Throughput", "string", "Units per second the program reported.", throughput, priority=1),
+    ),
+    "Budget": (
+        NAME,
+        Column(
+            "Monthly", "string", "What the project may spend per UTC month (spec.monthlyUSD).", budget_monthly
+        ),
+        Column(
+            "Used",
+            "string",
+            "Held and charged in status.month, as billing counts it (status.usedUSD).",
+            budget_used,
+        ),
+        Column("Month", "string", "The UTC month billing counted usedUSD for (status.month).", budget_month),
+        AGE,
     ),
 }
 DEFAULT_COLUMNS: Final = (NAME, AGE)
