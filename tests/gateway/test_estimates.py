@@ -15,6 +15,8 @@ import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
 
+from nodus_billing.books import Books
+from nodus_billing.holding import Grant, PutBudget
 from nodus_billing.quoting import serve_quotes
 from nodus_gateway import estimating
 from nodus_scheduler.cataloging import load_catalog
@@ -387,3 +389,53 @@ async def test_kinds_without_an_estimate_ask_nobody(api: httpx.AsyncClient, uniq
     resp = await api.post(f"{API}/namespaces/{unique}/connections", json=conn, params=DRY)
     assert resp.status_code == 201, resp.text  # no estimate services here, and none needed
     assert "etag" not in resp.headers and "warning" not in resp.headers
+
+
+# -- balances (issue #7): the quote reads the project's books -----------------------------------------
+
+
+@pytest_asyncio.fixture
+async def booked(nc: NATS) -> AsyncIterator[Books]:
+    """The estimate endpoints with billing's books: quotes check credits and Budgets."""
+    books = Books(nc)
+    subs = [await serve_estimates(nc, load_catalog()), await serve_quotes(nc, books=books)]
+    yield books
+    for sub in subs:
+        await sub.unsubscribe()
+
+
+async def test_a_create_the_project_cannot_fund_is_refused_with_insufficient_credits(
+    api: httpx.AsyncClient, unique: str, booked: Books
+) -> None:
+    await booked.apply(unique, [Grant(grant_id="g", project=unique, amount_micros=1_000_000)])  # $1
+    resp = await api.post(jobs(unique), json=job_body("poor"), params=DRY)
+    assert resp.status_code == 201, resp.text
+    e = resp.json()["status"]["estimate"]
+    (reason,) = e["blockingReasons"]
+    assert reason["code"] == "InsufficientCredits" and "$1.00" in reason["message"]
+    assert "nodus credits grant" in reason["fix"] and "$1.99" in reason["fix"]  # the hold is $2.99
+    assert "BalanceNotChecked" not in [w["code"] for w in e.get("warnings", [])]
+    body = failure(await api.post(jobs(unique), json=job_body("poor")), 403, "InsufficientCredits")
+    assert "nodus credits grant" in body["fix"]
+    failure(await api.get(jobs(unique, "poor")), 404, "NotFound")  # nothing stored
+
+    await booked.apply(unique, [Grant(grant_id="g2", project=unique, amount_micros=2_000_000)])
+    resp = await api.post(jobs(unique), json=job_body("poor"))
+    assert resp.status_code == 201, resp.text
+    assert "blockingReasons" not in resp.json()["status"]["estimate"]
+
+
+async def test_a_project_budget_the_first_hold_does_not_fit_refuses_the_create(
+    api: httpx.AsyncClient, unique: str, booked: Books
+) -> None:
+    await booked.apply(
+        unique,
+        [
+            Grant(grant_id="g", project=unique, amount_micros=100_000_000),
+            PutBudget(name="monthly@u1", project=unique, monthly_micros=2_000_000, generation=1),
+        ],
+    )
+    resp = await api.post(jobs(unique), json=job_body("small"), params=DRY)
+    (reason,) = resp.json()["status"]["estimate"]["blockingReasons"]
+    assert reason["code"] == "BudgetExceeded" and "Budget monthly allows $2.00" in reason["message"]
+    failure(await api.post(jobs(unique), json=job_body("small")), 403, "BudgetExceeded")

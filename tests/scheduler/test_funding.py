@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -314,3 +315,45 @@ async def test_killing_billing_twenty_times_during_200_completions_charges_every
         )
         assert sum(h.charged_micros for h in holds.values()) == want, "no double charge, nothing lost"
         assert state.balances["project:t:available"] == 100_000_000 - want
+
+
+async def test_a_run_lost_with_its_capacity_shows_what_it_cost_and_the_work_lost_on_the_job(
+    make_rig: Callable[..., Any],
+) -> None:
+    def first_hangs(start: StartAttempt) -> tuple[float | None, int]:
+        return (None, 0) if start.attempt_no == 1 else (0.0, 0)
+
+    async with make_rig(first_hangs, funding=True) as rig:
+        await rig.start_billing(NODUS_STARTING_CREDITS_USD="10", **TERMS)
+        await rig.submit("spot", recovery={"continuity": "Checkpointed"})
+
+        async def running() -> str:
+            running = [a for a in await rig.attempts_of("spot") if a.status.phase == "Running"]
+            assert running and running[0].status.start_time
+            return running[0].metadata.name or ""
+
+        first = await eventually(running, deadline_s=20, message="the first run starts")
+        started = parse_time((await rig.attempts.get("t", first)).status.start_time or "")
+        # Two seconds of work (by the clock the times are stamped with), then the capacity goes.
+        await eventually(lambda: (datetime.now(UTC) - started).total_seconds() >= 2.5, deadline_s=10)
+        rig.fleet.lose(first)
+
+        async def finished() -> Job:
+            job = await rig.job("spot")
+            assert job.status.phase == "Succeeded" and job.status.cost and job.status.cost.final, job.status
+            assert job.status.recovery is not None
+            return job
+
+        job = await eventually(finished, deadline_s=30, message="the replacement succeeds, cost final")
+        rec = job.status.recovery
+        assert rec is not None and rec.lost_runs == 1 and [r.attempt for r in rec.runs] == [first]
+        lost = rec.runs[0]
+        assert lost.reason is not None and lost.cost_usd is not None and lost.lost_usd is not None
+        assert lost.lost_seconds >= 2 and rec.lost_gpu_seconds == lost.lost_seconds * lost.gpus
+        assert usd_to_micros(lost.lost_usd) <= usd_to_micros(lost.cost_usd), (
+            "lost work is part of what it cost"
+        )
+        attempts = await rig.attempts_of("spot")
+        assert usd_to_micros(job.status.cost.total_usd or "0") == sum(expected_micros(a) for a in attempts)
+        segments = job.status.cost.by_segment
+        assert segments is not None and segments.restore_usd is not None, "the replacement's start is Restore"

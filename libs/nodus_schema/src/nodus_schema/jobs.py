@@ -484,8 +484,36 @@ class JobSpec(Wire):
 # ---------------------------------------------------------------------------------------------------------
 
 
+class LostRun(Wire):
+    """One run that lost its capacity: what it cost, and the work lost since its last checkpoint."""
+
+    attempt: str
+    index: int
+    reason: str | None = None
+    cost_usd: str | None = msgspec.field(default=None, name="costUSD")
+    """What the run was charged (nothing, when Nodus covered it)."""
+    lost_seconds: int = 0
+    """From its last checkpoint (or the program's start, without one) until the capacity was lost."""
+    gpus: int = 1
+    lost_usd: str | None = msgspec.field(default=None, name="lostUSD")
+    """What the lost seconds cost at the run's rate: work paid for and done again."""
+    checkpoint_time: str | None = None
+    """The checkpoint the replacement restored from (none: it started over)."""
+
+
+class RecoveryStatus(Wire):
+    """Recovery accounting (a Nodus extension, written by billing): what lost capacity cost the Job."""
+
+    lost_runs: int = 0
+    lost_gpu_seconds: int = 0
+    """GPU-seconds of work done since the last checkpoint by runs that lost their capacity."""
+    lost_usd: str | None = msgspec.field(default=None, name="lostUSD")
+    runs: list[LostRun] = msgspec.field(default_factory=list)
+    """The lost runs, oldest first (at most the last 100)."""
+
+
 class JobStatus(Wire):
-    """JobStatus is what Nodus observed about a Job (written by the scheduler; cost by billing).
+    """JobStatus is what Nodus observed about a Job (written by the scheduler; cost and recovery by billing).
 
     Counters follow the Kubernetes Job (active, succeeded, failed, completedIndexes); attempts counts the
     Attempts started (one Attempt is one run of one index on one node).
@@ -522,6 +550,9 @@ class JobStatus(Wire):
     outputs: list[OutputRecord] = msgspec.field(default_factory=list)
     """What the indexes committed when they succeeded (where each output is stored, its size and
     sha256), once the Job has finished."""
+    recovery: RecoveryStatus | None = None
+    """What lost capacity cost: lost runs, their cost, and the GPU time lost since each one's last
+    checkpoint (written by billing, with status.cost)."""
 
 
 class Job(Wire):

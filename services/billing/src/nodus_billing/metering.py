@@ -30,7 +30,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.books import Books, Planner, Step
 from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
-from nodus_billing.segmenting import RUNNING, charged, usage_ms, usage_of
+from nodus_billing.segmenting import RUNNING, charged, epoch_ms, usage_ms, usage_of
 from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
 from nodus_kit.errors import NotFound
 from nodus_kit.selecting import Selector
@@ -38,7 +38,8 @@ from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, JOB_UID_LABEL, Attempt
 from nodus_schema.billing import FUNDING_BUCKET, Block, Funding
 from nodus_schema.costs import Cost, CostSegments
-from nodus_schema.jobs import TERMINAL_PHASES, Job
+from nodus_schema.gpus import GPURequest
+from nodus_schema.jobs import TERMINAL_PHASES, Job, LostRun, RecoveryStatus, Resources
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta, format_time
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
@@ -287,13 +288,17 @@ class Metering:
     # -- status.cost -----------------------------------------------------------------------------------
     async def _write_cost(self, job: Job, ref: str, state: State, attempts: list[Attempt]) -> None:
         cost = cost_of(job, ref, state, attempts)
-        if job.status.cost == cost:
+        recovery = recovery_of(job, state, attempts)
+        if (job.status.cost, job.status.recovery) == (cost, recovery):
             return
 
         def change(current: Job) -> Job | None:
-            if current.metadata.uid != job.metadata.uid or current.status.cost == cost:
+            if current.metadata.uid != job.metadata.uid:
                 return None
-            return msgspec.structs.replace(current, status=msgspec.structs.replace(current.status, cost=cost))
+            if (current.status.cost, current.status.recovery) == (cost, recovery):
+                return None
+            status = msgspec.structs.replace(current.status, cost=cost, recovery=recovery)
+            return msgspec.structs.replace(current, status=status)
 
         try:
             await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
@@ -404,6 +409,57 @@ def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
         funded_until_time=format_time(datetime.fromtimestamp(until / 1000, UTC)) if until else None,
         final=final,
     )
+
+
+MAX_LOST_RUNS = 100
+
+
+def recovery_of(job: Job, state: State, attempts: list[Attempt]) -> RecoveryStatus | None:
+    """Recovery accounting: each run lost with its capacity, what it cost, and the GPU time it had done
+    since its last checkpoint (paid for, and done again by its replacement). None when nothing was lost."""
+    uid = job.metadata.uid
+    lost = sorted(
+        (a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid and a.status.phase == "Lost"),
+        key=lambda a: (a.metadata.creation_timestamp or "", a.metadata.name or ""),
+    )
+    if not lost:
+        return None
+    gpus = _gpus(job)
+    runs: list[LostRun] = []
+    total_ms = total_usd = 0
+    for a in lost:
+        st = a.status
+        since = epoch_ms((st.checkpoint.time if st.checkpoint else None) or st.start_time)
+        until = epoch_ms(st.finish_time)
+        lost_ms = max(0, until - since) if since is not None and until is not None else 0
+        lost_micros = charge_micros(a.spec.rate_micros_per_hour, lost_ms)
+        hold = state.holds.get(a.metadata.name or "")
+        total_ms += lost_ms
+        total_usd += lost_micros
+        runs.append(
+            LostRun(
+                attempt=a.metadata.name or "",
+                index=a.spec.index,
+                reason=st.reason,
+                cost_usd=micros_to_usd(hold.charged_micros) if hold is not None else None,
+                lost_seconds=lost_ms // 1000,
+                gpus=gpus,
+                lost_usd=micros_to_usd(lost_micros),
+                checkpoint_time=st.checkpoint.time if st.checkpoint else None,
+            )
+        )
+    return RecoveryStatus(
+        lost_runs=len(lost),
+        lost_gpu_seconds=total_ms // 1000 * gpus,
+        lost_usd=micros_to_usd(total_usd),
+        runs=runs[-MAX_LOST_RUNS:],
+    )
+
+
+def _gpus(job: Job) -> int:
+    res = job.spec.resources
+    gpu = res.gpu if isinstance(res, Resources) else None
+    return gpu.count if isinstance(gpu, GPURequest) and gpu.count else 1
 
 
 def _segments(amounts: dict[str, int], covered: set[str]) -> CostSegments:

@@ -168,9 +168,9 @@ def balance_blocking(state: State, project: str, hold: int) -> list[BlockingReas
         out.append(
             BlockingReason(
                 code=INSUFFICIENT_CREDITS,
-                message=f"project {project} has {_usd(free)} of credits not held; "
-                f"the first hold is {_usd(hold)}",
-                fix=f"Ask an administrator to grant project {project} at least {_usd(hold - free)} "
+                message=f"project {project} has {_dollars(free)} of credits not held; "
+                f"the first hold is {_dollars(hold)}",
+                fix=f"Ask an administrator to grant project {project} at least {_dollars(hold - free)} "
                 "(nodus credits grant), or wait for running work to release its holds.",
             )
         )
@@ -183,14 +183,18 @@ def balance_blocking(state: State, project: str, hold: int) -> list[BlockingReas
             out.append(
                 BlockingReason(
                     code=BUDGET_EXCEEDED,
-                    message=f"Budget {name.rsplit('@', 1)[0]} allows {_usd(budget.monthly_micros)} "
+                    message=f"Budget {name.rsplit('@', 1)[0]} allows {_dollars(budget.monthly_micros)} "
                     f"in {month}; "
-                    f"{_usd(used)} is used or held and the first hold is {_usd(hold)}",
+                    f"{_dollars(used)} is used or held and the first hold is {_dollars(hold)}",
                     fix=f"Raise spec.monthlyUSD of Budget {name.rsplit('@', 1)[0]} to at least "
-                    f"{_usd(used + hold)}, or wait for next month.",
+                    f"{_dollars(used + hold)}, or wait for next month.",
                 )
             )
     return out
+
+
+def _dollars(micros: int) -> str:
+    return f"${micros_to_usd(micros)}"
 
 
 def _handler(books: Books | None) -> Callable[[QuoteRequest], Awaitable[EstimateReply]]:

@@ -840,10 +840,12 @@ class Lifecycle:
         def change(current: Job) -> Job | None:
             if current.metadata.uid != job.metadata.uid:
                 return None  # deleted and created again since the read: that Job is another's to judge
-            # Keep billing's field: the cost is billing's to write, never the scheduler's.
+            # Keep billing's fields: the cost and recovery are billing's to write, never the scheduler's.
             # The estimate is the gateway's, but for the price book version pinned when it had none.
             estimate = pin_pricebook(current.status, self.catalog).estimate
-            merged = msgspec.structs.replace(status, cost=current.status.cost, estimate=estimate)
+            merged = msgspec.structs.replace(
+                status, cost=current.status.cost, recovery=current.status.recovery, estimate=estimate
+            )
             if merged == current.status:
                 return None
             return msgspec.structs.replace(current, status=merged)

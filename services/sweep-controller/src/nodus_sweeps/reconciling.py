@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from decimal import Decimal
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -16,7 +17,7 @@ from nats.aio.client import Client as NATS
 from nodus_kit.errors import AlreadyExists, NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
-from nodus_schema.costs import Cost, Estimate
+from nodus_schema.costs import Cost, CostSegments, Estimate
 from nodus_schema.defaulting import default_job
 from nodus_schema.estimating import RATE_CEILING_ANNOTATION
 from nodus_schema.expanding import Cell, cell_job, expand
@@ -109,16 +110,12 @@ class SweepReconciler:
         rows = [_cell_row(c, owned.get(c.index), bool(m.gpu), bool(m.regions)) for c in cells]
         old = sweep.status
         phase, reason, message = _phase(sweep, rows)
-        total = sum(usd_to_micros(r.cost_usd) for r in rows if r.cost_usd)
+        phase, reason, message = _capped(sweep, owned, phase, reason, message)
+        final = phase in TERMINAL_PHASES and all(_final(owned[r.index]) for r in rows if r.index in owned)
         status = SweepStatus(
             cells=rows,
             best=_best(rows),
-            cost=Cost(
-                total_usd=micros_to_usd(total),
-                limit_usd=sweep.spec.max_cost_usd,
-                final=phase in TERMINAL_PHASES
-                and all(_final(owned[r.index]) for r in rows if r.index in owned),
-            ),
+            cost=roll_up([j.status.cost for j in owned.values()], sweep.spec.max_cost_usd, final),
             phase=phase,
             reason=reason,
             message=message,
@@ -216,6 +213,52 @@ def _best(rows: list[SweepCell]) -> SweepBest | None:
     if by_cost is None and by_tp is None:
         return None
     return SweepBest(by_cost=by_cost.index if by_cost else None, by_throughput=by_tp.index if by_tp else None)
+
+
+def roll_up(costs: list[Cost | None], limit: str | None, final: bool) -> Cost:
+    """The Sweep's cost from its cells' (billing writes each cell's): sums, and the earliest funding end."""
+    present = [c for c in costs if c is not None]
+
+    def total(field: str, of: list[Any]) -> str | None:
+        values = [getattr(c, field) for c in of if getattr(c, field) is not None]
+        return micros_to_usd(sum(usd_to_micros(v) for v in values)) if values else None
+
+    segments = [c.by_segment for c in present if c.by_segment is not None]
+    until = [c.funded_until_time for c in present if c.funded_until_time]
+    return Cost(
+        total_usd=total("total_usd", present) or micros_to_usd(0),
+        held_usd=total("held_usd", present),
+        rate_usd_per_hour=total("rate_usd_per_hour", present),
+        limit_usd=limit,
+        by_segment=CostSegments(
+            boot_usd=total("boot_usd", segments),
+            running_usd=total("running_usd", segments),
+            restore_usd=total("restore_usd", segments),
+            teardown_usd=total("teardown_usd", segments),
+            covered_by_nodus=sorted({s for seg in segments for s in seg.covered_by_nodus}),
+        )
+        if segments
+        else None,
+        funded_until_time=min(until) if until else None,
+        final=final,
+    )
+
+
+def _capped(
+    sweep: Sweep, owned: dict[int, Job], phase: str, reason: str | None, message: str
+) -> tuple[str, str | None, str]:
+    """A Sweep whose cells billing stopped at the shared cap is Suspended with MaxCostReached (ADR-0024)."""
+    if phase in TERMINAL_PHASES or (sweep.spec.state or "Running") != "Running":
+        return phase, reason, message
+    open_ = [j for j in owned.values() if j.status.phase not in TERMINAL_PHASES]
+    capped = [j for j in open_ if j.status.reason == "MaxCostReached"]
+    if not capped:
+        return phase, reason, message
+    cap = sweep.spec.max_cost_usd
+    fix = f"raise spec.maxCostUSD (now ${cap}) to resume them" if cap else "raise the cells' maxCostUSD"
+    if all(j.status.phase == "Suspended" for j in capped) and len(capped) == len(open_):
+        return "Suspended", "MaxCostReached", f"{len(capped)} cells suspended at the cost cap; {fix}"
+    return "Running", "MaxCostReached", f"stopping {len(capped)} cells at the cost cap; {fix}"
 
 
 def _phase(sweep: Sweep, rows: list[SweepCell]) -> tuple[str, str | None, str]:
