@@ -26,7 +26,7 @@ from nodus_billing.metering import job_ref
 from nodus_kit import messaging
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import Attempt
-from nodus_schema.billing import GRANT_SUBJECT, GrantReply, GrantRequest
+from nodus_schema.billing import GRANT_SUBJECT, HOLD_SUBJECT, GrantReply, GrantRequest, HoldReply, HoldRequest
 from nodus_schema.defaulting import default_job
 from nodus_schema.jobs import Job, JobSpec
 from nodus_schema.ledger import charge_micros
@@ -357,3 +357,32 @@ async def test_a_run_lost_with_its_capacity_shows_what_it_cost_and_the_work_lost
         assert usd_to_micros(job.status.cost.total_usd or "0") == sum(expected_micros(a) for a in attempts)
         segments = job.status.cost.by_segment
         assert segments is not None and segments.restore_usd is not None, "the replacement's start is Restore"
+
+
+async def test_a_hold_nobody_extends_expires_and_gives_its_credits_back(make_rig: Callable[..., Any]) -> None:
+    async with make_rig(funding=True, scheduler=False) as rig:
+        await rig.start_billing(
+            NODUS_STARTING_CREDITS_USD="1",
+            **{**TERMS, "NODUS_ORPHAN_HOLD_S": "3600", "NODUS_HOLD_EXPIRY_S": "1"},
+        )
+        job = await rig.submit("left")
+        ask = HoldRequest(
+            namespace="t",
+            job="left",
+            job_uid=job.metadata.uid or "",
+            attempt="left-never-created",
+            rate_micros_per_hour=RATE,
+            window_millis=1000,
+        )
+        reply = await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)
+        assert reply.ok and reply.hold_micros > 0
+        again = await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)
+        assert again == reply, "asking again for the same Attempt is the same hold"
+
+        async def expired() -> Any:
+            state = await book_ok(rig, "t")
+            assert state.holds["left-never-created"].status == "Expired"
+            return state
+
+        state = await eventually(expired, deadline_s=20, message="the hold expires")
+        assert state.balances["project:t:available"] == 1_000_000, "all of it back: nothing was charged"

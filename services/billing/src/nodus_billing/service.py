@@ -18,7 +18,8 @@ from typing import Any
 
 from nodus_billing.books import Books
 from nodus_billing.budgeting import Budgets
-from nodus_billing.metering import Metering, Terms
+from nodus_billing.holding import Expire
+from nodus_billing.metering import Metering, Terms, now_ms
 from nodus_billing.quoting import serve_quotes
 from nodus_billing.serving import Holds, serve_accounts, serve_holds
 from nodus_kit.controlling import Controller, Key, Source
@@ -90,7 +91,26 @@ class BillingService(Service):
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
 
     async def _lead(self) -> None:
-        await asyncio.gather(self.meter.run(), self.budgeter.run())
+        await asyncio.gather(self.meter.run(), self.budgeter.run(), self._expire())
+
+    async def _expire(self) -> None:
+        """The safety net under the meter: a hold nobody extended for an hour past its funding (its Job and
+        Attempt gone from every view the meter has) expires, and what it still reserves goes back."""
+        grace_ms = int(float(self.settings.env.get("NODUS_HOLD_EXPIRY_S", "3600")) * 1000)
+        while True:
+            await asyncio.sleep(max(1.0, self.terms.tick_ms / 1000))
+            with contextlib.suppress(Exception):
+                for book in (await self.books.store.list(None)).items:
+                    project = book.metadata.name or ""
+                    cutoff = now_ms() - grace_ms
+                    due = [
+                        h
+                        for h in book.state.holds.values()
+                        if h.status == "Open" and h.funded_until_ms <= cutoff
+                    ]
+                    if due:
+                        # Whole seconds: one expiry op per project per second at most (its id is the time).
+                        await self.books.apply(project, [Expire(now_ms=cutoff // 1000 * 1000)])
 
     async def _on_report(self, delivery: Delivery[Report]) -> None:
         report = delivery.data
