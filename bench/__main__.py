@@ -8,7 +8,14 @@ import platform
 import time
 from pathlib import Path
 
-from bench import checkpoint_bench, gateway_bench, placing_bench, scheduler_bench, store_bench
+from bench import (
+    billing_bench,
+    checkpoint_bench,
+    gateway_bench,
+    placing_bench,
+    scheduler_bench,
+    store_bench,
+)
 from bench.running import Result, render
 
 BENCHMARKS = {
@@ -17,6 +24,7 @@ BENCHMARKS = {
     "placing": placing_bench.run,
     "scheduler": scheduler_bench.run,
     "checkpoint": checkpoint_bench.run,
+    "billing": billing_bench.run,
 }
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARK = "<!-- results:{name} -->"

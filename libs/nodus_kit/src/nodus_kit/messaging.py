@@ -245,11 +245,16 @@ async def serve(
     handler: Callable[[T], Awaitable[Any]],
     *,
     queue: str = "",
+    concurrency: int = 1,
 ) -> Any:
-    """Declare an endpoint: decode, call, encode; errors go back as ``Nodus-Error`` replies."""
+    """Declare an endpoint: decode, call, encode; errors go back as ``Nodus-Error`` replies.
+
+    nats-py calls a subscription's callback one message at a time; with ``concurrency`` above 1 each
+    request runs in its own task, at most that many at once, so handlers that wait on shared work (a
+    group commit) wait together."""
     decoder = msgspec.json.Decoder(request_type)
 
-    async def on_msg(msg: Msg) -> None:
+    async def handle(msg: Msg) -> None:
         token = tracing.set_request_id((msg.headers or {}).get(tracing.REQUEST_ID))
         try:
             with tracing.tracer.start_as_current_span(
@@ -266,6 +271,23 @@ async def serve(
             await _respond_error(msg, "InternalError", f"{type(e).__name__}: {e}")
         finally:
             tracing._request_id.reset(token)
+
+    if concurrency <= 1:
+        return await nc.subscribe(subject, queue=queue, cb=handle)
+    slots = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+
+    async def run(msg: Msg) -> None:
+        try:
+            await handle(msg)
+        finally:
+            slots.release()
+
+    async def on_msg(msg: Msg) -> None:
+        await slots.acquire()  # back-pressure: with every slot busy, the next message waits here
+        task = asyncio.create_task(run(msg))
+        running.add(task)
+        task.add_done_callback(running.discard)
 
     return await nc.subscribe(subject, queue=queue, cb=on_msg)
 

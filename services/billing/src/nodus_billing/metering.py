@@ -118,8 +118,7 @@ class Metering:
         refs = {r for r in state.jobs if r.rsplit("@", 1)[0] == name}
         steps: list[Step] = []
         if job is not None:
-            put = await self._puts(job, state)
-            steps += put
+            steps += await self.puts(job)
             refs.add(job_ref(name, job.metadata.uid))
         steps += self._settle(state, refs, attempts, now)
         if steps:
@@ -133,45 +132,45 @@ class Metering:
         await self._write_cost(job, ref, state, attempts)
         return self._next(state, {ref})
 
-    async def _puts(self, job: Job, state: State) -> list[Step]:
-        """PutSweep / PutJob when the book does not have the object's current generation."""
+    async def puts(self, job: Job) -> list[Step]:
+        """PutSweep / PutJob, decided inside the commit: only when the book lacks the current generation."""
         meta = job.metadata
-        steps: list[Step] = []
+        ns = meta.namespace or ""
         sweep = sweep_ref_of(job)
+        obj: Sweep | None = None
         if sweep is not None:
             try:
-                obj = await self.sweeps.get(meta.namespace, sweep.rsplit("@", 1)[0])
+                obj = await self.sweeps.get(ns, sweep.rsplit("@", 1)[0])
             except NotFound:
                 obj = None
-            if obj is not None and obj.metadata.uid == sweep.rsplit("@", 1)[1]:
-                gen = obj.metadata.generation or 1
-                known = state.sweeps.get(sweep)
-                if known is None or known.generation < gen:
-                    steps.append(
-                        PutSweep(
-                            name=sweep,
-                            project=meta.namespace or "",
-                            generation=gen,
-                            max_cost_micros=_micros(obj.spec.max_cost_usd),
-                        )
-                    )
-            elif sweep not in state.sweeps:
-                sweep = None  # the Sweep is gone and was never known: its cells are being deleted
+            if obj is not None and obj.metadata.uid != sweep.rsplit("@", 1)[1]:
+                obj = None  # a Sweep of the same name, created again: not this cell's
         ref = job_ref(meta.name or "", meta.uid)
         gen = meta.generation or 1
-        known_job = state.jobs.get(ref)
-        if known_job is None or known_job.generation < gen:
-            steps.append(
-                PutJob(
-                    name=ref,
-                    project=meta.namespace or "",
-                    generation=gen,
-                    sweep=sweep,
-                    labels=dict(meta.labels),
-                    max_cost_micros=_micros(job.spec.max_cost_usd),
-                )
+        cap = _micros(job.spec.max_cost_usd)
+
+        def put_sweep(state: State) -> Op | None:
+            if sweep is None or obj is None:
+                return None
+            sgen = obj.metadata.generation or 1
+            known = state.sweeps.get(sweep)
+            if known is not None and known.generation >= sgen:
+                return None
+            return PutSweep(
+                name=sweep, project=ns, generation=sgen, max_cost_micros=_micros(obj.spec.max_cost_usd)
             )
-        return steps
+
+        def put_job(state: State) -> Op | None:
+            known = state.jobs.get(ref)
+            if known is not None and known.generation >= gen:
+                return None
+            # A Sweep that is gone and was never in the book: its cells are being deleted.
+            of = sweep if sweep is not None and (obj is not None or sweep in state.sweeps) else None
+            return PutJob(
+                name=ref, project=ns, generation=gen, sweep=of, labels=dict(meta.labels), max_cost_micros=cap
+            )
+
+        return [put_sweep, put_job]
 
     def _settle(self, state: State, refs: set[str], attempts: list[Attempt], now: int) -> list[Step]:
         """Capture, charge, extend or release each open hold of the Job."""

@@ -42,6 +42,7 @@ from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta
 
 QUEUE = "billing"
+HOLDS_IN_FLIGHT = 64
 
 
 class Holds:
@@ -89,8 +90,7 @@ class Holds:
                 rate_micros_per_hour=rate,
             )
 
-        state = await self.books.read(req.namespace)
-        steps = [*(await self.metering._puts(job, state)), plan]
+        steps = [*(await self.metering.puts(job)), plan]
         applied = await self.books.apply(req.namespace, steps)
         result = applied.results[-1]
         if result is None:
@@ -228,7 +228,10 @@ def usage_rows(state: State, project: str, month: str | None) -> list[UsageRow]:
 
 
 async def serve_holds(nc: NATS, holds: Holds) -> Any:
-    return await messaging.serve(nc, HOLD_SUBJECT, HoldRequest, holds.hold, queue=QUEUE)
+    # Concurrent requests wait together on the project's book: one KV write serves them all.
+    return await messaging.serve(
+        nc, HOLD_SUBJECT, HoldRequest, holds.hold, queue=QUEUE, concurrency=HOLDS_IN_FLIGHT
+    )
 
 
 async def serve_accounts(nc: NATS, books: Books, requeue_project: Any = None) -> list[Any]:

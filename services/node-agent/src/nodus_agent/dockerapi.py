@@ -20,6 +20,7 @@ podman 4) is the default because it is what both engines here speak, and the run
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime as dt
 import json
@@ -28,7 +29,7 @@ import struct
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 
@@ -77,6 +78,9 @@ class EngineUnavailable(DockerError):
             "or point the agent at the right socket (DOCKER_HOST)",
         )
         self.socket_path = socket_path
+
+
+INSPECT_TRIES: Final = 5
 
 
 def _error(status: int, body: bytes) -> DockerError:
@@ -377,9 +381,23 @@ class DockerAPI:
         return int(result["StatusCode"])
 
     async def inspect(self, cid: str) -> dict[str, Any]:
-        """``/containers/{id}/json``; NotFound when there is no such container."""
-        result: dict[str, Any] = await self._json("GET", f"/containers/{cid}/json")
-        return result
+        """``/containers/{id}/json``; NotFound when there is no such container.
+
+        podman answers 500 "read /proc/<pid>/cgroup: no such process" when the inspect lands while the
+        container's process exits: asked again a moment later it answers."""
+        for attempt in range(INSPECT_TRIES):
+            try:
+                result: dict[str, Any] = await self._json("GET", f"/containers/{cid}/json")
+                return result
+            except DockerError as e:
+                if (
+                    type(e) is not DockerError
+                    or "no such process" not in e.message
+                    or attempt == INSPECT_TRIES - 1
+                ):
+                    raise
+                await asyncio.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def stop(self, cid: str, grace_s: float) -> bool:
         """SIGTERM (the image's StopSignal), SIGKILL after ``grace_s``; False if it was not running."""
