@@ -146,19 +146,42 @@ def test_expire_releases_holds_nobody_extended() -> None:
     assert late.code == "Conflict"
 
 
-def test_every_operation_applied_twice_changes_nothing_and_returns_the_same() -> None:
+def test_every_operation_applied_twice_changes_nothing() -> None:
     state, _ = run(funded(100), hold("h", 30))
     for op in (
-        Charge(hold_id="h", tick="t1", amount_micros=5),
+        Charge(hold_id="h", tick="1", amount_micros=5),
+        ExtendHold(hold_id="h", more_micros=10, funded_until_ms=JAN + 120_000),
         Grant(grant_id="g1", project="p", amount_micros=100),
         Capture(hold_id="h", amount_micros=7),
         Expire(now_ms=JAN),
     ):
         once, first, _posted = apply(state, op)
         twice, second, more = apply(once, op)
-        assert second == first and more == [] and encode(twice) == encode(once)
+        assert more == [] and encode(twice) == encode(once), op
+        # Remembered operations answer as the first time; a guarded one (a tick, an extension) answers
+        # that it did nothing; any operation on a hold that has resolved is a Conflict.
+        assert second == first or second.charged_micros == 0 or second.code == "Conflict", (op, second)
         state = once
     assert job_spent(state, "j") == 12
+
+
+def test_a_resolved_hold_leaves_one_netted_entry_and_no_results() -> None:
+    state, _ = run(funded(100), hold("h", 30))
+    for tick in range(1, 40):  # a long run: many ticks and extensions
+        state, _ = run(
+            state,
+            Charge(hold_id="h", tick=str(tick), amount_micros=0 if tick % 2 else 1),
+            ExtendHold(hold_id="h", more_micros=1, funded_until_ms=JAN + 60_000 + tick),
+        )
+    assert {e for e in state.ledger if e.startswith("hold:h:")} == {"hold:h:place", "hold:h:charged"}
+    state, result = run(state, Capture(hold_id="h", amount_micros=5))
+    assert result.ok and job_spent(state, "j") == 19 + 5
+    assert [e for e in state.ledger if e.startswith("hold:h:")] == ["hold:h:settled"]
+    assert state.ledger["hold:h:settled"].amount_micros == 24
+    assert not [k for k in state.results if k.startswith("hold:h:")]
+    assert fold(state.ledger.values()) == state.balances and available(state, "p") == 100 - 24
+    _, late = run(state, hold("h", 30))
+    assert late.code == "Conflict", "the hold's id stays taken"
 
 
 def test_apply_never_touches_the_state_it_was_given() -> None:

@@ -174,7 +174,8 @@ class Billing(RuleBasedStateMachine):
     def meter_tick(self, data: st.DataObject, amount: int) -> None:
         hold_id = data.draw(st.sampled_from(self.open_holds()))
         before = held(self.state, hold_id)
-        result = self.do(Charge(hold_id=hold_id, tick=self.fresh("t"), amount_micros=amount))
+        tick = str(self.state.holds[hold_id].last_tick + 1)  # the meter numbers its ticks per hold
+        result = self.do(Charge(hold_id=hold_id, tick=tick, amount_micros=amount))
         assert (result.charged_micros, result.overrun_micros) == (
             min(amount, before),
             max(0, amount - before),
@@ -227,13 +228,22 @@ class Billing(RuleBasedStateMachine):
     def redeliver(self, data: st.DataObject) -> None:
         op, first = data.draw(st.sampled_from(self.history))
         before = encode(self.state)
-        if not first.ok and isinstance(op, PlaceHold | ExtendHold):
-            # A refused hold is judged again (ADR-0024): replayed, it is a new request. The invariants
-            # still hold after it, whatever it decides now.
-            self.state, _, _ = apply(self.state, op)
+        if not first.ok:
+            # A refusal moved nothing and is not remembered (ADR-0024): replayed, it is judged again as a
+            # new request. The invariants still hold after it, whatever it decides now.
+            self.state, again, _ = apply(self.state, op)
+            if again.ok and isinstance(op, Grant | Revoke):
+                self.granted[op.project] += op.amount_micros if isinstance(op, Grant) else -op.amount_micros
+            if again.ok and isinstance(op, Capture | Release):
+                self.resolutions[op.hold_id] += 1
+            if again.ok and isinstance(op, Charge | Capture):
+                self.charged[self.state.holds[op.hold_id].job] += again.charged_micros
             return
         self.state, again, posted = apply(self.state, op)
-        assert again == first and posted == [] and encode(self.state) == before
+        assert posted == [] and encode(self.state) == before, "a replay changes nothing"
+        # Remembered operations answer as the first time. A guarded one (a put, a tick, an extension)
+        # answers that it did nothing new; any operation on a hold that has resolved is a Conflict.
+        assert again == first or again.code == "Conflict" or (again.ok and again.charged_micros == 0), again
 
     # --- invariants ---
 

@@ -22,6 +22,7 @@ import pytest
 
 from nodus_billing.accounting import fold
 from nodus_billing.books import Books
+from nodus_billing.holding import encode
 from nodus_billing.metering import job_ref
 from nodus_kit import messaging
 from nodus_kit.storing import ObjectStore
@@ -315,6 +316,12 @@ async def test_killing_billing_twenty_times_during_200_completions_charges_every
         )
         assert sum(h.charged_micros for h in holds.values()) == want, "no double charge, nothing lost"
         assert state.balances["project:t:available"] == 100_000_000 - want
+        # The book stays small: a finished run leaves its hold record and one netted entry, no results.
+        assert sorted(e for e in state.ledger if e.startswith("hold:")) == sorted(
+            f"hold:{h}:settled" for h in holds
+        )
+        assert not [k for k in state.results if k.startswith("hold:")]
+        assert len(encode(state)) < 1024 * len(holds), "under 1 KB per run"
 
 
 async def test_a_run_lost_with_its_capacity_shows_what_it_cost_and_the_work_lost_on_the_job(

@@ -178,11 +178,19 @@ def op_id(op: Op) -> str:
             return f"expire:{op.now_ms}"
 
 
+_REMEMBERED: Final = (Grant, Revoke, PlaceHold, Capture, Release, Expire)
+"""Operations whose result is remembered by id. The others are idempotent by a guard instead, so the
+state does not grow with them: a put by its generation, an extension by its fundedUntil, a meter tick
+by its number (each only moves forward)."""
+
+
 def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
     """Apply one operation to a copy of ``state``: the new state, the result, the entries it posted.
 
-    An operation id applied before returns its first result, the same state and no entries (except a
-    refused hold or extension, which is judged again).
+    An operation id applied before returns its first result, the same state and no entries. A refusal
+    is not remembered: asked again (after a cap was raised, credits granted) it is judged again.
+    Once a hold resolves, its entries are netted into one and its results dropped (:func:`_settle`), so
+    the state grows by one hold record and one entry per run; any later operation on it is a Conflict.
     """
     key = op_id(op)
     if key in state.results:
@@ -190,10 +198,19 @@ def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
     new = _clone(state)
     result, entries = _HANDLERS[type(op)](new, op, key)
     posted = post(new.ledger, new.balances, entries)
-    if result.ok or not isinstance(op, PlaceHold | ExtendHold):
-        # A hold or extension that did not fit posted nothing: asked again (after a cap was raised,
-        # credits granted) it is judged again rather than refused from memory.
-        new.results[key] = result
+    if isinstance(op, _REMEMBERED) and result.ok:
+        new.results[key] = result  # a refusal moved nothing: asked again, it is judged again
+    if isinstance(op, Charge | ExtendHold) and result.ok:
+        _merge(new, op.hold_id, posted)
+    resolved = (
+        result.expired
+        if isinstance(op, Expire)
+        else [op.hold_id]
+        if isinstance(op, Capture | Release)
+        else []
+    )
+    for hold_id in resolved if result.ok else []:
+        _settle(new, hold_id)
     return new, result, posted
 
 
@@ -324,6 +341,8 @@ def _extend(state: State, op: ExtendHold, key: str) -> _Handled:
         return refusal, []
     if op.more_micros < 0:
         return _refuse(key, INVALID, f"extension of {op.more_micros} µ$", "extend by zero or more"), []
+    if op.funded_until_ms <= hold.funded_until_ms:
+        return Result(op_id=key), []  # funded that far already: a repeat reserves nothing more
     job = state.jobs[hold.job]
     over = _does_not_fit(state, key, hold.job, job, hold.labels, hold.month, op.more_micros)
     if over is not None:
@@ -338,6 +357,11 @@ def _charge(state: State, op: Charge, key: str) -> _Handled:
     hold, refusal = _open_hold(state, op.hold_id, key)
     if hold is None:
         return refusal, []
+    if not op.tick.isdigit():
+        return _refuse(key, INVALID, f"meter tick {op.tick!r}", "number ticks 1, 2, 3, ... per hold"), []
+    if int(op.tick) <= hold.last_tick:
+        return Result(op_id=key), []  # this tick (or a later one) was charged: a repeat charges nothing
+    hold.last_tick = int(op.tick)
     result, entries = _charge_from(state, op.hold_id, hold, op.amount_micros, key)
     return result, entries
 
@@ -457,6 +481,40 @@ def _open_hold(state: State, hold_id: str, key: str) -> tuple[Hold, Result] | tu
         msg = f"hold {hold_id} is already {hold.status.lower()}"
         return None, _refuse(key, CONFLICT, msg, "place a new hold; a hold resolves once")
     return hold, Result(op_id=key)
+
+
+def _merge(state: State, hold_id: str, posted: list[Entry]) -> None:
+    """Fold a tick's or an extension's entry into the hold's running one (same accounts, summed), so an
+    open hold keeps two entries however long it runs. Balances already moved when it was posted."""
+    for entry in posted:
+        into = f"hold:{hold_id}:place" if entry.target == hold_account(hold_id) else f"hold:{hold_id}:charged"
+        del state.ledger[entry.id]
+        running = state.ledger.get(into)
+        if running is None:
+            state.ledger[into] = Entry(
+                id=into, source=entry.source, target=entry.target, amount_micros=entry.amount_micros
+            )
+        else:
+            running.amount_micros += entry.amount_micros
+
+
+def _settle(state: State, hold_id: str) -> None:
+    """A resolved hold's entries netted into one (available -> spend, what it charged) and its results
+    dropped: the balances are unchanged, and a replay of any of its operations is a Conflict."""
+    hold = state.holds[hold_id]
+    prefix = f"hold:{hold_id}:"
+    for entry_id in [e for e in state.ledger if e.startswith(prefix)]:
+        del state.ledger[entry_id]
+    for op_key in [k for k in state.results if k.startswith(prefix)]:
+        del state.results[op_key]
+    if hold.charged_micros:
+        net = f"hold:{hold_id}:settled"
+        state.ledger[net] = Entry(
+            id=net,
+            source=available_account(hold.project),
+            target=spend_account(hold.job),
+            amount_micros=hold.charged_micros,
+        )
 
 
 def _entry(entry_id: str, source: str, target: str, amount: int) -> Entry:

@@ -79,6 +79,8 @@ class Hold(Wire):
     reserved_micros: int = 0
     """Everything ever reserved by the hold (place + extensions)."""
     charged_micros: int = 0
+    last_tick: int = 0
+    """The last meter tick charged: a tick number at or below it is a repeat."""
     rate_micros_per_hour: int = 0
     placed_ms: int = 0
     usage: Usage | None = None
