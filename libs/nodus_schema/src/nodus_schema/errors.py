@@ -264,6 +264,14 @@ _ALL: tuple[Reason, ...] = (
         "A Budget of the project cannot cover the hold this month.",
     ),
     _r(
+        "StoppedEarly",
+        409,
+        "Conflict",
+        "Raise spec.maxCostUSD to what the projection says finishing needs, or remove the "
+        "nodus.dev/stop-early annotation to spend up to the cap.",
+        "The Sweep's stop-early policy started no more cells: finishing would cost more than is left.",
+    ),
+    _r(
         "CellsFailed",
         409,
         "Conflict",

@@ -8,6 +8,7 @@ when it changed.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -28,6 +29,8 @@ from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep, SweepBest, Sweep
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PARALLEL = 4
+STOP_EARLY_ANNOTATION = "nodus.dev/stop-early"
+"""``"true"``: start no more cells while the projected cost to finish exceeds what is left under the cap."""
 
 
 class SweepReconciler:
@@ -51,8 +54,10 @@ class SweepReconciler:
         }
         cells = expand(sweep)
         await self._propagate_state(sweep, owned)
-        await self._create_cells(sweep, cells, owned)
-        status = self._status(sweep, cells, owned)
+        outlook = project(sweep, len(cells), owned)
+        if not (outlook is not None and outlook.over and stops_early(sweep)):
+            await self._create_cells(sweep, cells, owned)
+        status = self._status(sweep, cells, owned, outlook)
         await self._write(sweep, status)
         return None
 
@@ -78,7 +83,11 @@ class SweepReconciler:
                 continue
 
             def change(j: Job, wanted: str = wanted) -> Job:
-                return msgspec.structs.replace(j, spec=msgspec.structs.replace(j.spec, state=wanted))
+                # A spec change is a new generation, as the gateway writes it.
+                meta = msgspec.structs.replace(j.metadata, generation=(j.metadata.generation or 1) + 1)
+                return msgspec.structs.replace(
+                    j, metadata=meta, spec=msgspec.structs.replace(j.spec, state=wanted)
+                )
 
             try:
                 await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
@@ -105,12 +114,15 @@ class SweepReconciler:
                 )
             unfinished += 1
 
-    def _status(self, sweep: Sweep, cells: list[Cell], owned: dict[int, Job]) -> SweepStatus:
+    def _status(
+        self, sweep: Sweep, cells: list[Cell], owned: dict[int, Job], outlook: Outlook | None = None
+    ) -> SweepStatus:
         m = sweep.spec.matrix
         rows = [_cell_row(c, owned.get(c.index), bool(m.gpu), bool(m.regions)) for c in cells]
         old = sweep.status
         phase, reason, message = _phase(sweep, rows)
         phase, reason, message = _capped(sweep, owned, phase, reason, message)
+        phase, reason, message = _stopped_early(sweep, outlook, owned, phase, reason, message)
         final = phase in TERMINAL_PHASES and all(_final(owned[r.index]) for r in rows if r.index in owned)
         status = SweepStatus(
             cells=rows,
@@ -133,6 +145,8 @@ class SweepReconciler:
             observed_generation=sweep.metadata.generation,
         )
         set_condition(status.conditions, cond, now=status.completion_time or now_rfc3339())
+        if outlook is not None:
+            set_condition(status.conditions, outlook.condition(sweep), now=now_rfc3339())
         return status
 
     async def _write(self, sweep: Sweep, status: SweepStatus) -> None:
@@ -259,6 +273,78 @@ def _capped(
     if all(j.status.phase == "Suspended" for j in capped) and len(capped) == len(open_):
         return "Suspended", "MaxCostReached", f"{len(capped)} cells suspended at the cost cap; {fix}"
     return "Running", "MaxCostReached", f"stopping {len(capped)} cells at the cost cap; {fix}"
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """What finishing the Sweep should cost, from the mean of its finished cells, against its cap."""
+
+    finished: int
+    mean: int  # µ$ per finished cell
+    left_cells: int
+    projected: int  # µ$ still to spend to finish, at the mean
+    left: int  # µ$ left under the cap
+    cap: int
+
+    @property
+    def over(self) -> bool:
+        return self.projected > self.left
+
+    def sentence(self) -> str:
+        return (
+            f"at the mean of {self.finished} finished cells (${micros_to_usd(self.mean)} each), the "
+            f"{self.left_cells} cells left need about ${micros_to_usd(self.projected)}; "
+            f"${micros_to_usd(max(self.left, 0))} is left under maxCostUSD ${micros_to_usd(self.cap)}"
+        )
+
+    def condition(self, sweep: Sweep) -> Condition:
+        return Condition(
+            type="ProjectedOverCap",
+            status="True" if self.over else "False",
+            reason="ProjectedOverCap" if self.over else "WithinCap",
+            message=self.sentence(),
+            observed_generation=sweep.metadata.generation,
+        )
+
+
+def project(sweep: Sweep, total_cells: int, owned: dict[int, Job]) -> Outlook | None:
+    """The cost outlook of a capped Sweep once at least one cell has a final cost; else None."""
+    if not sweep.spec.max_cost_usd:
+        return None
+    cap = usd_to_micros(sweep.spec.max_cost_usd)
+    spent = {i: usd_to_micros(j.status.cost.total_usd or "0") for i, j in owned.items() if j.status.cost}
+    done = [i for i, j in owned.items() if j.status.phase in TERMINAL_PHASES and _final(j)]
+    if not done:
+        return None
+    mean = -(-sum(spent[i] for i in done) // len(done))
+    left_cells = total_cells - len(done)
+    in_progress = sum(amount for i, amount in spent.items() if i not in done)
+    projected = max(0, mean * left_cells - in_progress)
+    return Outlook(len(done), mean, left_cells, projected, cap - sum(spent.values()), cap)
+
+
+def stops_early(sweep: Sweep) -> bool:
+    return sweep.metadata.annotations.get(STOP_EARLY_ANNOTATION, "").lower() == "true"
+
+
+def _stopped_early(
+    sweep: Sweep,
+    outlook: Outlook | None,
+    owned: dict[int, Job],
+    phase: str,
+    reason: str | None,
+    message: str,
+) -> tuple[str, str | None, str]:
+    """With the stop-early policy, a Sweep that may not start more cells, and has none running, waits
+    Suspended with StoppedEarly (raising the cap, or removing the annotation, lets it go on)."""
+    if outlook is None or not outlook.over or not stops_early(sweep) or phase != "Running" or reason:
+        return phase, reason, message
+    if any(j.status.phase not in TERMINAL_PHASES for j in owned.values()):
+        return phase, reason, message  # cells still running finish first
+    fix = (
+        f"raise spec.maxCostUSD to at least ${micros_to_usd(outlook.cap + outlook.projected - outlook.left)}"
+    )
+    return "Suspended", "StoppedEarly", f"stopped early: {outlook.sentence()}; {fix}"
 
 
 def _phase(sweep: Sweep, rows: list[SweepCell]) -> tuple[str, str | None, str]:
