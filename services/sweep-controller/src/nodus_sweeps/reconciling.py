@@ -1,12 +1,13 @@
 """The Sweep reconciler: cells Jobs in, cell table and best cells out.
 
 Level-triggered and safe to kill at any line: it derives everything from the Sweep and the Jobs that
-carry its label, creates the next missing cells (AlreadyExists is success), and writes the status only
-when it changed.
+carry its label (read from an informer, :mod:`nodus_sweeps.caching`), creates the next missing cells
+(AlreadyExists is success), and writes the status only when it changed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from decimal import Decimal
@@ -15,8 +16,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as NATS
 
-from nodus_kit.errors import AlreadyExists, NotFound
-from nodus_kit.selecting import Selector
+from nodus_kit.errors import AlreadyExists, NotFound, TemporaryError
 from nodus_kit.storing import ObjectStore
 from nodus_schema.costs import Cost, CostSegments, Estimate
 from nodus_schema.defaulting import default_job
@@ -25,10 +25,12 @@ from nodus_schema.expanding import Cell, cell_job, expand
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import Condition, now_rfc3339, set_condition
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
-from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep, SweepBest, SweepCell, SweepStatus
+from nodus_schema.sweeps import CELL_LABEL, Sweep, SweepBest, SweepCell, SweepStatus
+from nodus_sweeps.caching import CellIndex
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PARALLEL = 4
+SYNC_WAIT_S = 5.0
 STOP_EARLY_ANNOTATION = "nodus.dev/stop-early"
 """``"true"``: start no more cells while the projected cost to finish exceeds what is left under the cap."""
 
@@ -37,10 +39,16 @@ class SweepReconciler:
     def __init__(self, nc: NATS) -> None:
         self.sweeps = ObjectStore(nc, "sweeps", Sweep)
         self.jobs = ObjectStore(nc, "jobs", Job)
+        self.cells = CellIndex(self.jobs)
 
     async def reconcile(self, key: tuple[str, str]) -> float | None:
         ns, name = key
-        cell_jobs = (await self.jobs.list(ns, selector=Selector.equals({SWEEP_LABEL: name}))).items
+        if not self.cells.synced.is_set():
+            try:
+                await asyncio.wait_for(self.cells.synced.wait(), SYNC_WAIT_S)
+            except TimeoutError:
+                raise TemporaryError("the cell index has not listed the jobs yet", delay=1.0) from None
+        cell_jobs = self.cells.cells_of(key)
         try:
             sweep = await self.sweeps.get(ns, name)
         except NotFound:
@@ -71,7 +79,7 @@ class SweepReconciler:
             if not any(o.kind == "Sweep" and o.name == name for o in job.metadata.owner_references):
                 continue
             try:
-                await self.jobs.delete(ns, job.metadata.name or "")
+                self.cells.apply(await self.jobs.delete(ns, job.metadata.name or ""), deleted=True)
             except NotFound:
                 pass
 
@@ -90,7 +98,9 @@ class SweepReconciler:
                 )
 
             try:
-                await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+                self.cells.apply(
+                    await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+                )
             except NotFound:
                 pass
 
@@ -107,6 +117,7 @@ class SweepReconciler:
             try:
                 # Defaulted as a Job the gateway admitted would be (the GPU request of the cell included).
                 owned[cell.index] = await self.jobs.create(_bound(sweep, default_job(cell_job(sweep, cell))))
+                self.cells.apply(owned[cell.index])  # write-through: the next pass counts it
                 log.info("cell created", extra={"sweep": sweep.metadata.name, "cell": cell.index})
             except AlreadyExists:
                 owned[cell.index] = await self.jobs.get(

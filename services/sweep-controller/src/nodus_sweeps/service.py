@@ -4,37 +4,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
-from typing import Any
 
-from nodus_kit.controlling import Controller, Key, Source
+from nodus_kit.controlling import Controller, Source
 from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.servicing import Service
-from nodus_kit.storing import Event
-from nodus_schema.sweeps import SWEEP_LABEL
 from nodus_sweeps.reconciling import SweepReconciler
-
-
-def job_to_sweep(event: Event[Any]) -> Iterable[Key]:
-    meta = event.object.metadata
-    sweep = meta.labels.get(SWEEP_LABEL)
-    return [(meta.namespace or "", sweep)] if sweep else []
 
 
 class SweepsService(Service):
     name = "nodus-sweeps"
 
     async def start(self) -> None:
-        rec = SweepReconciler(self.bus)
+        self.reconciler = rec = SweepReconciler(self.bus)
+        # Sweeps are watched by the controller; cell Jobs by the reconciler's index, which puts their
+        # Sweep in the queue once it holds the change (caching.py says why).
         self.controller = Controller(
             "sweeps",
             rec.reconcile,
-            [Source(rec.sweeps), Source(rec.jobs, job_to_sweep)],
+            [Source(rec.sweeps)],
             workers=4,
             resync_s=float(self.settings.env.get("NODUS_RESYNC_S", "30")),
         )
+        rec.cells.hook = lambda key: self.controller.queue.add(key)
         lease = Lease(self.bus, "sweep-controller", self.settings.replica, ttl_s=10)
-        self._leader = asyncio.create_task(run_as_leader(lease, self.controller.run, stop=self.stopping))
+        self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
+
+    async def _lead(self) -> None:
+        await self.reconciler.cells.start()
+        try:
+            await self.controller.run()
+        finally:
+            await self.reconciler.cells.stop()
 
     async def stop(self) -> None:
         await self.controller.stop()
