@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nodus_cli import commands
+from nodus_cli import commands, sweepresults
 from nodus_cli.client import BadCA, Client, Unreachable
 from nodus_cli.config import Config, load
 from nodus_cli.kinds import UnknownKind, resolve
@@ -22,6 +22,7 @@ examples:
   nodus describe sweep lr-sweep
   nodus logs lr-sweep-0 -f
   nodus delete sweep lr-sweep
+  nodus sweep results lr-sweep --csv lr.csv --chart lr.png
   nodus account -n team-a
   nodus credits grant 100.00 -n team-a
   nodus usage --month 2026-11 -o csv
@@ -88,8 +89,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", type=int, metavar="N", help="only attempt N of the index (default: all)")
     p.add_argument("--timestamps", action="store_true", help="start each line with its time")
 
+    _sweep_commands(sub, common)
     _billing_commands(sub, common)
     return parser
+
+
+def _sweep_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("sweep", parents=[common], help="work with one Sweep: its results")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser(
+        "results",
+        parents=[common],
+        help="print a Sweep's cells with the best marked; write them as CSV and a cost/throughput chart",
+    )
+    a.add_argument("name", metavar="NAME")
+    a.add_argument("-o", "--output", choices=sweepresults.OUTPUTS, default="table")
+    a.add_argument("--csv", dest="csv_path", metavar="FILE", help="also write the results as CSV to FILE")
+    a.add_argument(
+        "--chart",
+        dest="chart_path",
+        metavar="FILE.png",
+        help="also write a cost-versus-throughput chart (PNG) marking the best cells to FILE.png",
+    )
 
 
 def _billing_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -127,6 +148,15 @@ def _dispatch(args: argparse.Namespace, client: Client, config: Config) -> int:
     billing = _dispatch_billing(args, client, config)
     if billing is not None:
         return billing
+    if args.command == "sweep":
+        return sweepresults.results(
+            client,
+            config,
+            args.name,
+            output=args.output,
+            csv_path=args.csv_path,
+            chart_path=args.chart_path,
+        )
     if args.command == "logs":
         return commands.logs(
             client,

@@ -135,6 +135,11 @@ class Client:
     def invoice(self, namespace: str, month: str) -> dict[str, Any]:
         return self._call("GET", self.project_path(namespace, "invoices", month))
 
+    # -- a Sweep's results (issue #8) --------------------------------------------------------------------
+    def sweep_results(self, namespace: str, name: str) -> dict[str, Any]:
+        """``GET .../sweeps/<name>/results``: the SweepResults of one Sweep, as JSON."""
+        return self._call("GET", f"{self.path('sweeps', namespace, name)}/results")
+
     def csv(self, path: str, params: dict[str, str] | None = None) -> str:
         """The CSV form of a usage or invoice path (``format=csv``), as the server wrote it."""
         with _transport_errors(self.server):

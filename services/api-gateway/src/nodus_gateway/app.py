@@ -26,6 +26,7 @@ from nodus_gateway.principals import Principals
 from nodus_gateway.requesting import RequestContext
 from nodus_gateway.resources import Stores, resource
 from nodus_gateway.responding import ApiError, bus_unavailable, reason_for_code, status_response
+from nodus_gateway.resultsapi import results_router
 from nodus_gateway.routing import API_PREFIX, api_router
 from nodus_gateway.secreting import secret_router
 from nodus_gateway.system import VERSION, system_router
@@ -61,6 +62,8 @@ def build_app(
         cluster_router(stores),
         secret_router(stores, max_body_bytes=max_body_bytes),
         log_router(stores),
+        # A Sweep's results (rows, best cells, CSV), read from the Sweep its controller keeps current.
+        results_router(stores),
         # Billing's books, asked over the bus on the connection the stores use.
         billing_router(stores[resource("budgets").plural].nc, max_body_bytes=max_body_bytes),
         api_router(stores, max_body_bytes=max_body_bytes),

@@ -43,6 +43,7 @@ from nodus_gateway.system import VERSION
 from nodus_schema import API_GROUP, Status, Table, list_kind
 from nodus_schema.access import Project, ProjectList, Token, TokenList
 from nodus_schema.billing import Account, CreditGrant, Invoice, UsageList
+from nodus_schema.results import SweepResults
 
 Schema = dict[str, Any]
 Ref = Callable[[str], Schema]
@@ -99,8 +100,8 @@ ADMIN_KINDS: Final[dict[str, tuple[type[Any], type[Any]]]] = {
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """A project's route outside the resource table (billingapi.py): the type it answers as JSON, the body
-    it takes (if any), and whether it answers CSV too."""
+    """A route that answers a type of its own (billingapi.py's project routes, resultsapi.py's Sweep
+    results): the type it answers as JSON, the body it takes (if any), and whether it answers CSV too."""
 
     reply: type[Any]
     body: type[Any] | None = None
@@ -114,8 +115,13 @@ PROJECT_VIEWS: Final[dict[str, View]] = {
     "usage": View(UsageList, csv=True),
     "invoices/{month}": View(Invoice, csv=True),
 }
-VIEW_KINDS: Final = (Account, UsageList, Invoice)
-"""The kinds the project views answer (nodus.dev/v1, read-only: no list, no watch)."""
+# Subresources served by modules of their own that answer another type than their resource's, by
+# (plural, subresource): resultsapi.py serves a Sweep's results as SweepResults (or CSV).
+SUBRESOURCE_VIEWS: Final[dict[tuple[str, str], View]] = {
+    ("sweeps", "results"): View(SweepResults, csv=True),
+}
+VIEW_KINDS: Final = (Account, UsageList, Invoice, SweepResults)
+"""The kinds the project views and subresource views answer (nodus.dev/v1, read-only: no list, no watch)."""
 BODY_TYPES: Final = (CreditGrant,)
 """Request bodies that are not objects of a kind."""
 
@@ -480,7 +486,7 @@ def _plain_operation(route: Any, path: str, method: str, c: Components, ref: Ref
     params = _path_params(path) + _query_params(route)
     view = _project_view(path)
     if view is not None:
-        reply = {JSON: ref(c.names[view.reply])} | ({CSV: {"type": "string"}} if view.csv else {})
+        reply = _view_reply(view, c, ref)
         if view.body is not None:
             body = Body(ref(c.names[view.body]), (JSON, YAML))
             params.append(
@@ -499,6 +505,11 @@ def _plain_operation(route: Any, path: str, method: str, c: Components, ref: Ref
         body=body,
         public=public,
     )
+
+
+def _view_reply(view: View, c: Components, ref: Ref) -> dict[str, Schema]:
+    """What a view answers: its type as JSON, and a CSV string where it serves one."""
+    return {JSON: ref(c.names[view.reply])} | ({CSV: {"type": "string"}} if view.csv else {})
 
 
 def _project_view(path: str) -> View | None:
@@ -567,6 +578,10 @@ def _resource_operation(
             p.description = PARAMETER_DOCS[p.name]
             params.append(p)
     kind = res.kind if shape.item or method != "GET" else list_kind(res.kind)
+    view = SUBRESOURCE_VIEWS.get((res.plural, shape.subresource or "")) if method == "GET" else None
+    if view is not None:
+        replies = {"200": _view_reply(view, c, ref), **_errors(False, ref)}
+        kind = view.reply.__name__
     return Operation(
         path=path,
         method=method,
