@@ -63,3 +63,23 @@ def test_cell_job_applies_gpu_region_params_and_ownership() -> None:
     assert job.spec.placement is not None and job.spec.placement.regions == ["eu"]
     assert {e.name: e.value for e in job.spec.env}["NODUS_PARAM_LR"] == "0.1"
     assert validate_job(default_job(job)) == []  # a cell Job is a valid Job
+
+
+def test_gpu_text_is_the_string_form_with_its_count_and_what_has_none() -> None:
+    nvlink = GPURequest(type=["H100"], count=8, exact=True, interconnect="NVLink", min_memory="80Gi")
+    s = sweep_with(
+        SweepMatrix(
+            gpu=[
+                "H100",
+                GPURequest(type=["H100", "A100"], count=8),
+                nvlink,
+                GPURequest(type=["L4"], interconnect="Any"),
+            ]
+        )
+    )
+    assert [c.gpu_text for c in expand(s)] == [
+        "H100:1",
+        "H100,A100:8",
+        "H100:8 (exact, interconnect NVLink, minMemory 80Gi)",
+        "L4:1",  # interconnect Any is the default: the same request as "L4:1"
+    ]

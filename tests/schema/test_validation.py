@@ -43,6 +43,7 @@ from nodus_schema.jobs import (
 )
 from nodus_schema.sweeps import Sweep
 from nodus_schema.validating import (
+    MAX_CELLS,
     MAX_SWEEP_NAME,
     count_cells,
     validate_job,
@@ -847,6 +848,12 @@ SWEEP = [
         DUP,
     ),
     (
+        "matrix gpu dup spelling out the defaults",
+        at("spec.matrix.gpu[1]", GPURequest(type=["H100"], count=8, exact=False, interconnect="Any")),
+        "spec.matrix.gpu[1]",
+        DUP,
+    ),
+    (
         "matrix gpu vs gang gpusPerNode",
         do(at("spec.template.spec.distributed.gpus_per_node", 8), at("spec.matrix.gpu[1]", "A100:4")),
         "spec.matrix.gpu[1]",
@@ -888,11 +895,11 @@ SWEEP = [
         FORB,
     ),
     (
-        "10000 cells ok",
+        "1024 cells ok",
         do(
             at("spec.matrix.gpu", []),
             at("spec.matrix.regions", []),
-            at("spec.matrix.params", {"A": [str(i) for i in range(100)], "B": [str(i) for i in range(100)]}),
+            at("spec.matrix.params", {"A": [str(i) for i in range(32)], "B": [str(i) for i in range(32)]}),
             at("spec.repetitions", 1),
             at("spec.template.spec.resources", Resources(gpu="H100:8")),
         ),
@@ -900,7 +907,30 @@ SWEEP = [
         None,
     ),
     (
-        "10001+ cells",
+        "16 gpu x 64 repetitions ok",
+        do(
+            at("spec.matrix.gpu", [f"H100,A{i}:8" for i in range(16)]),
+            at("spec.matrix.regions", []),
+            at("spec.matrix.params", {}),
+            at("spec.repetitions", 64),
+        ),
+        None,
+        None,
+    ),
+    (
+        "1025 cells",
+        do(
+            at("spec.matrix.gpu", []),
+            at("spec.matrix.regions", []),
+            at("spec.matrix.params", {"A": [str(i) for i in range(5)], "B": [str(i) for i in range(205)]}),
+            at("spec.repetitions", 1),
+            at("spec.template.spec.resources", Resources(gpu="H100:8")),
+        ),
+        "spec.matrix",
+        MANY,
+    ),
+    (
+        "1025+ cells",
         at("spec.matrix.params", {"A": [str(i) for i in range(100)], "B": [str(i) for i in range(100)]}),
         "spec.matrix",
         MANY,
@@ -922,7 +952,8 @@ def test_too_many_cells_says_how_many() -> None:
     assert count_cells(sweep.spec) == 2 * 2 * 100 * 100 * 2
     (err,) = [e for e in validate_sweep(sweep) if e.field == "spec.matrix"]
     assert "80000 cells" in err.message
-    assert "10000" in err.message
+    assert "(2 gpu x 2 regions x 100 A x 100 B x 2 repetitions)" in err.message
+    assert f"at most {MAX_CELLS}" in err.message and "split it into several Sweeps" in err.message
 
 
 def test_template_without_gpu_needs_matrix_gpu_for_a_gang() -> None:

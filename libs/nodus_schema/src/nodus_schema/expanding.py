@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from nodus_schema.gpus import GPURequest, as_gpu_request, format_gpu, has_string_form
+from nodus_schema.gpus import GPURequest, as_gpu_request
 from nodus_schema.jobs import EnvVar, Job, JobSpec, Placement, Resources
 from nodus_schema.meta import ObjectMeta, OwnerReference
-from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep
-from nodus_schema.validating import count_cells
+from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep, cell_gpu_text, count_cells
 from nodus_schema.wire import API_VERSION
 
 PARAM_PREFIX = "NODUS_PARAM_"
@@ -33,9 +32,8 @@ class Cell:
 
     @property
     def gpu_text(self) -> str | None:
-        if self.gpu is None:
-            return None
-        return format_gpu(self.gpu) if has_string_form(self.gpu) else ",".join(self.gpu.type)
+        """The cell's GPU as its status row shows it (``"H100:8"``), None where the matrix sweeps none."""
+        return None if self.gpu is None else cell_gpu_text(self.gpu)
 
 
 def cell_count(sweep: Sweep) -> int:

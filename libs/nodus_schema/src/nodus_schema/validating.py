@@ -14,7 +14,6 @@ per part of the spec, each appending to one :class:`ErrorList`.
 from __future__ import annotations
 
 import functools
-import math
 import posixpath
 import re
 from collections import OrderedDict
@@ -63,20 +62,24 @@ from nodus_schema.jobs import (
 )
 from nodus_schema.meta import ObjectMeta, parse_time
 from nodus_schema.quantities import parse_bytes, parse_cpu_millis, parse_duration, parse_usd
-from nodus_schema.sweeps import Sweep, SweepMatrix, SweepSpec
+from nodus_schema.sweeps import Sweep, SweepMatrix, SweepSpec, SweepStatus, count_cells, widest_cells_bytes
 from nodus_schema.wire import API_VERSION
 
 __all__ = [
     "ALLOWED_GPU_COUNTS",
+    "BUS_MAX_PAYLOAD",
     "MAX_BUDGET_NAME",
     "MAX_CELLS",
+    "MAX_COMPLETIONS",
     "MAX_JOB_NAME",
+    "MAX_SWEEP_BYTES",
     "MAX_SWEEP_NAME",
     "NODUS_MANAGED_PATHS",
     "OS_PATHS",
     "PSEUDO_FS_PATHS",
     "RESERVED_ENV",
     "RESERVED_OUTPUT_NAME",
+    "STATUS_BESIDES_CELLS",
     "count_cells",
     "gpu_request_errors",
     "is_object_name",
@@ -85,6 +88,7 @@ __all__ = [
     "validate_job_spec",
     "validate_object_meta",
     "validate_sweep",
+    "widest_sweep_bytes",
 ]
 
 # ---------------------------------------------------------------------------------------------------------
@@ -94,8 +98,24 @@ __all__ = [
 ALLOWED_GPU_COUNTS: Final = (1, 2, 4, 8)
 MAX_GPU_TYPES: Final = 8
 MAX_MATRIX_GPUS: Final = 16
-MAX_CELLS: Final = 10_000
-"""A matrix (times repetitions) may expand to at most this many cells: the completions cap of one Job."""
+MAX_COMPLETIONS: Final = 10_000
+"""A Job's completions (so its indexes) are 1 to 10000, as the reference says."""
+
+# A Sweep is one KV value, its status with one row per cell included, and a KV value is one bus message
+# (ADR-0025). nats-server's max_payload is 1 MiB unless set, and nothing in the stack sets it.
+BUS_MAX_PAYLOAD: Final = 1024 * 1024
+MAX_SWEEP_BYTES: Final = BUS_MAX_PAYLOAD - 64 * 1024
+"""The most a Sweep's JSON may take at its widest: the rest of a message is room for its headers (the KV
+operation, the expected sequence, trace context) and for what the store adds after validation (uid,
+creationTimestamp, generation, deletionTimestamp, finalizers)."""
+STATUS_BESIDES_CELLS: Final = 32 * 1024
+"""What the status takes besides its cells at most: conditions, cost, estimate, best, phase, message, times
+(a realistic full one is under 4 KiB; tests/schema/test_sweep_size.py measures it)."""
+MAX_CELLS: Final = 1_024
+"""A matrix (times repetitions) expands to at most this many cells, so that the Sweep's status fits one bus
+message with realistic rows (about 410 bytes each, filled: ~410 KiB of cells at the cap; ADR-0025).
+1024 is every one of the 16 GPU values the matrix takes times the 64 repetitions. Long param values can
+make fewer cells too large: :func:`widest_sweep_bytes` refuses those."""
 
 MIN_GANG_NODES, MAX_GANG_NODES, BETA_GANG_NODES = 2, 16, 8
 MIN_TOTAL_GPUS, MAX_TOTAL_GPUS = 2, 64
@@ -105,7 +125,7 @@ MAX_PARALLELISM: Final = 256
 # Job names are DNS-1123 *labels* (<= 63), not subdomains: a Job's name becomes a label value
 # (nodus.dev/sweep, job-name) and gang members' host names, both capped at 63, as the Kubernetes Job's is
 # in practice. A Sweep's cells are the Jobs "<sweep>-<index>" with index < MAX_CELLS, so the Sweep name
-# leaves room for "-9999": 63 - 5 = 58.
+# leaves room for "-1023": 63 - 5 = 58.
 MAX_JOB_NAME: Final = 63
 MAX_SWEEP_NAME: Final = MAX_JOB_NAME - len(f"-{MAX_CELLS - 1}")
 
@@ -809,7 +829,7 @@ def _input_source(errs: ErrorList, path: Path, inp: JobInput) -> None:
             _pattern(
                 errs, op.child("name"), inp.output.name, _OUTPUT_NAME, "an output name (^[a-z0-9._-]{1,64}$)"
             )
-        _int_range(errs, op.child("index"), inp.output.index, 0, MAX_CELLS - 1)
+        _int_range(errs, op.child("index"), inp.output.index, 0, MAX_COMPLETIONS - 1)
     _remote_input(errs, path, inp)
 
 
@@ -1005,7 +1025,7 @@ def _timeout_alias(errs: ErrorList, path: Path, spec: JobSpec) -> None:
 
 
 def _counts_and_times(errs: ErrorList, path: Path, spec: JobSpec) -> None:
-    _int_range(errs, path.child("completions"), spec.completions, 1, MAX_CELLS)
+    _int_range(errs, path.child("completions"), spec.completions, 1, MAX_COMPLETIONS)
     most = min(spec.completions if spec.completions and spec.completions > 0 else 1, MAX_PARALLELISM)
     if spec.parallelism is not None and not 1 <= spec.parallelism <= most:
         errs.invalid(
@@ -1066,23 +1086,19 @@ def validate_job(job: Job) -> list[FieldError]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def count_cells(spec: SweepSpec) -> int:
-    """How many cell Jobs the matrix expands to (an empty dimension counts once, as it keeps the template's
-    value); a parameter without values counts once too (it is an error reported on its own)."""
-    m = spec.matrix
-    dims = [len(m.gpu), len(m.regions), *(len(v) for v in m.params.values()), spec.repetitions or 1]
-    return math.prod(max(d, 1) for d in dims)
-
-
 def _gpu_key(value: GPURequest | str) -> str | None:
-    """A canonical form to find duplicate matrix GPU values, or None for a value that does not parse."""
+    """A canonical form to find duplicate matrix GPU values, or None for a value that does not parse.
+
+    Defaults count as written (count 1, not exact, interconnect Any): two values that differ only in
+    spelling a default out would run the same cells twice."""
     if isinstance(value, str):
         try:
             count, types = parse_gpu_parts(value)
         except ValueError:
             return None
-        return f"{sorted(types)}:{count or 1}:None:None:None"
-    return f"{sorted(value.type)}:{value.count or 1}:{value.exact}:{value.interconnect}:{value.min_memory}"
+        value = GPURequest(count=count, type=list(types))
+    exact, interconnect = bool(value.exact), value.interconnect or "Any"
+    return f"{sorted(value.type)}:{value.count or 1}:{exact}:{interconnect}:{value.min_memory}"
 
 
 def _matrix_gpus(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
@@ -1123,11 +1139,20 @@ def _matrix_params(errs: ErrorList, path: Path, m: SweepMatrix, spec: JobSpec) -
 
 
 def _matrix_regions(errs: ErrorList, path: Path, m: SweepMatrix, spec: JobSpec) -> None:
+    """Each cell runs in one matrix region, so a region must be one the template allows: a matrix narrows
+    placement.regions, never widens it (a template without regions allows any)."""
     _names(errs, path, m.regions)
     allowed = spec.placement.regions if spec.placement is not None else []
+    supported = ", ".join(f'"{a}"' for a in allowed)
     for i, region in enumerate(m.regions):
         if allowed and region not in allowed:
-            errs.not_supported(path.index(i), region, tuple(allowed))
+            errs.add(
+                path.index(i),
+                CauseType.NOT_SUPPORTED,
+                f"Unsupported value: {region!r}: supported values: {supported} (a matrix region narrows the "
+                "template's spec.template.spec.placement.regions and cannot widen it: add the region there, "
+                "or drop it here)",
+            )
 
 
 def _matrix(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
@@ -1139,7 +1164,8 @@ def _matrix(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
         errs.add(
             path,
             CauseType.TOO_MANY,
-            f"Too many: the matrix expands to {cells} cells ({_dims(spec)}); must be at most {MAX_CELLS}",
+            f"Too many: the matrix expands to {cells} cells ({_dims(spec)}); must be at most {MAX_CELLS} "
+            "(ADR-0025): remove values, lower spec.repetitions, or split it into several Sweeps",
         )
 
 
@@ -1150,6 +1176,34 @@ def _dims(spec: SweepSpec) -> str:
     parts += [f"{len(v)} {k}" for k, v in sorted(m.params.items())]
     parts.append(f"{spec.repetitions or 1} repetitions")
     return " x ".join(parts)
+
+
+_size_encoder: Final = msgspec.json.Encoder()
+
+
+def widest_sweep_bytes(sweep: Sweep) -> int:
+    """The most the Sweep's JSON can take once every cell has reported: the object without its status as it
+    is now, :data:`STATUS_BESIDES_CELLS` and every cell row at its widest (``sweeps.widest_cells_bytes``)."""
+    bare = _size_encoder.encode(msgspec.structs.replace(sweep, status=SweepStatus()))
+    return len(bare) + STATUS_BESIDES_CELLS + widest_cells_bytes(sweep.spec)
+
+
+def _stored_size(errs: ErrorList, sweep: Sweep) -> None:
+    """A Sweep whose status would outgrow one bus message at its widest is refused now, not when a cell's
+    row makes the controller's write fail (ADR-0025). Over the cell cap it is refused for that alone."""
+    if count_cells(sweep.spec) > MAX_CELLS:
+        return
+    size = widest_sweep_bytes(sweep)
+    if size > MAX_SWEEP_BYTES:
+        cells = widest_cells_bytes(sweep.spec)
+        errs.add(
+            "spec.matrix",
+            CauseType.TOO_LONG,
+            f"Too long: the Sweep would take up to {size} bytes once its {count_cells(sweep.spec)} cells "
+            f"({_dims(sweep.spec)}) report ({cells} of them the cell rows, which repeat each cell's gpu, "
+            f"region and params); must be at most {MAX_SWEEP_BYTES} (ADR-0025): shorten the param values, "
+            "remove values, or split it into several Sweeps",
+        )
 
 
 def _sweep_spec(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
@@ -1174,6 +1228,7 @@ def validate_sweep(sweep: Sweep) -> list[FieldError]:
     _type_meta(errs, sweep.api_version, sweep.kind, "Sweep")
     errs.extend(validate_object_meta(sweep.metadata, max_name=MAX_SWEEP_NAME))
     errs.extend(_remembered("Sweep", sweep.spec, lambda e: _sweep_spec(e, Path("spec"), sweep.spec)))
+    _stored_size(errs, sweep)
     return errs.as_list()
 
 
