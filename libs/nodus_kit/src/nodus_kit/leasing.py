@@ -19,6 +19,8 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js.errors import APIError, NotFoundError
 
+from nodus_kit.cancelling import cancel_and_wait
+
 log = logging.getLogger(__name__)
 STREAM = "KV_leases"
 PREFIX = "$KV.leases."
@@ -133,9 +135,7 @@ async def run_as_leader(
         try:
             await _hold(lease, task, stop, renew_every=lease.ttl_s / 3)
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancel_and_wait([task])
         if stop.is_set():
             await lease.release()
 

@@ -20,12 +20,12 @@ Everything here is safe to lose: killing the process loses only the view, and a 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, Attempt
 from nodus_schema.nodes import Node
@@ -37,12 +37,8 @@ Hook = Callable[[str, Any], None]  # (kind "Node" | "Attempt", object)
 
 
 async def cancel_all(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel the tasks and wait until each has finished."""
-    for t in tasks:
-        t.cancel()
-    for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await t
+    """Cancel the tasks and wait until each has finished (again and again: see nodus_kit.cancelling)."""
+    await cancel_and_wait(tasks)
 
 
 def _rv(obj: Any) -> int:

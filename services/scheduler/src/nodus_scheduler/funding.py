@@ -12,7 +12,6 @@ held Suspended with billing's reason, and runs again once billing clears the blo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -20,6 +19,7 @@ from typing import Final
 from nats.aio.client import Client as NATS
 
 from nodus_kit import errors, messaging
+from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import Attempt
 from nodus_schema.billing import FUNDING_BUCKET, HOLD_SUBJECT, Block, Funding, HoldReply, HoldRequest
@@ -53,9 +53,7 @@ class FundingView:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
 
     def blocked(self, job: Job) -> Block | None:

@@ -18,10 +18,10 @@ Safe to lose: a new process lists again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 
+from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.jobs import Job
 from nodus_schema.sweeps import SWEEP_LABEL
@@ -75,9 +75,7 @@ class CellIndex:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         self.synced.clear()
         self._by_sweep.clear()
