@@ -32,6 +32,6 @@ async def test_finished_and_failed_tasks_are_fine() -> None:
 
     done = asyncio.create_task(asyncio.sleep(0))
     failed = asyncio.create_task(fails())
-    await asyncio.sleep(0.01)
+    await asyncio.wait([done, failed])
     await cancel_and_wait([done, failed])  # no error, and the failure counts as retrieved
     assert done.done() and failed.done()
