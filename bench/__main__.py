@@ -15,6 +15,7 @@ from bench import (
     placing_bench,
     scheduler_bench,
     store_bench,
+    sweeps_bench,
 )
 from bench.running import Result, render
 
@@ -25,6 +26,7 @@ BENCHMARKS = {
     "scheduler": scheduler_bench.run,
     "checkpoint": checkpoint_bench.run,
     "billing": billing_bench.run,
+    "sweeps": sweeps_bench.run,
 }
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARK = "<!-- results:{name} -->"

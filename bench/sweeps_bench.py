@@ -1,0 +1,376 @@
+"""A 1,000-cell Sweep of no-op cells end to end, against raw KV writes in the same run (issue #8).
+
+Four processes beside this one, as they run in production: nats-server, the sweep controller
+(``python -m nodus_sweeps``), the scheduler (``python -m nodus_scheduler``, ``NODUS_FUNDING=off``: no
+billing, whose holds the billing bench measures) and a simulated fleet of 200 single-L4 nodes
+(``python -m nodus_agent.simulating``, docs/simulation.md). A Sweep of 1,000 cells (a 100 × 10 matrix of
+params, ``maxParallel`` 200) whose runs take no time (``NODUS_SIM_SECONDS=0``) is written into the
+``sweeps`` bucket as the gateway stores it, once the fleet is registered and both controllers lead.
+Three rounds, each a new Sweep, the one before deleted with its cells first; the best round counts (the
+machine is shared, see bench/running.py's ``best_of``).
+
+Measured, each round:
+* **cells/s**: 1,000 over the time from the Sweep's creation until its status reads Succeeded with 1,000
+  rows (a watch on the Sweep);
+* **KV writes per cell**: every message published on ``$KV.>`` during that time, over 1,000, by bucket
+  (a core subscription sees every publish, so a compare-and-set the stream refused counts too, as the
+  work it was); and, from each bucket's stream sequence, how many of them were stored;
+* where the time goes: the median time from a cell Job's creation to its Succeeded (scheduler and
+  fleet), from a cell's Succeeded to the creation of the cell that takes its slot (sweep controller), and
+  the CPU each process spent, this one (the observer) included.
+
+Baselines, in the same run: the issue's floor (200 cells/s), and raw nats-py ``kv.put`` of a value the
+size of a finished cell Job, one after another and 64 in flight (writes/s). The ratio of the pipeline's
+KV write rate (writes per cell × cells/s) to the raw rate says how much of what the bus can take the
+Sweep uses: near 100% the bus is the limit; far below it the time goes elsewhere.
+
+``NODUS_BENCH_PROFILE=<dir>`` runs the scheduler and the sweep controller under cProfile (see ``_spawn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from bench.running import Result
+from nodus_kit import declaring
+from nodus_kit.connecting import connect
+from nodus_kit.leasing import Lease
+from nodus_kit.selecting import Selector
+from nodus_kit.storing import ObjectStore
+from nodus_schema.defaulting import default_sweep
+from nodus_schema.jobs import Job
+from nodus_schema.meta import ObjectMeta
+from nodus_schema.nodes import Node
+from nodus_schema.sweeps import SWEEP_LABEL, Sweep, SweepSpec
+from nodus_testing.natsserver import NatsServer
+from nodus_testing.processes import stop
+
+NODES: Final = 200
+A_VALUES: Final = 100
+B_VALUES: Final = 10
+CELLS: Final = A_VALUES * B_VALUES
+MAX_PARALLEL: Final = 200
+FLOOR: Final = 200.0  # cells per second, the issue's target
+NS: Final = "bench"
+ROUNDS: Final = 3
+DEADLINE_S: Final = 240.0
+IN_FLIGHT: Final = 64
+ROOT: Final = Path(__file__).resolve().parent.parent
+
+
+def _spawn(
+    args: list[str], env: dict[str, str], log: Path, *, profiled: bool = True
+) -> subprocess.Popen[bytes]:
+    # NODUS_BENCH_PROFILE=<dir>: the controllers run under cProfile and leave <dir>/<name>.prof when they
+    # stop (SIGTERM is a clean exit), for `python -m pstats`; the rates printed are then not the bench's.
+    # Not the fleet: run as cProfile's __main__, its msgspec types cannot resolve their annotations.
+    profile = os.environ.get("NODUS_BENCH_PROFILE")
+    if profile and profiled:
+        args = ["-m", "cProfile", "-o", str(Path(profile).resolve() / f"{log.stem}.prof"), *args]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _sweep(name: str) -> Sweep:
+    body = {
+        "maxParallel": MAX_PARALLEL,
+        "matrix": {
+            "params": {"A": [str(i) for i in range(A_VALUES)], "B": [str(i) for i in range(B_VALUES)]}
+        },
+        "template": {
+            "spec": {
+                "image": "busybox",
+                "command": ["true"],
+                "resources": {"gpu": "L4:1"},
+                "env": [
+                    {"name": "NODUS_SIM_SECONDS", "value": "0"},
+                    {"name": "NODUS_SIM_SIGMA", "value": "0"},
+                ],
+            }
+        },
+    }
+    sweep = Sweep(
+        metadata=ObjectMeta(name=name, namespace=NS, generation=1), spec=msgspec.convert(body, SweepSpec)
+    )
+    return default_sweep(sweep)
+
+
+class _Phase(msgspec.Struct):
+    phase: str | None = None
+
+
+class _JobPhase(msgspec.Struct):
+    """Only what the tap reads of a Job: msgspec skips the rest without building it."""
+
+    status: _Phase = msgspec.field(default_factory=_Phase)
+
+
+@dataclass
+class Tap:
+    """Every message on ``$KV.>`` while counting (a core subscription sees every publish, one a
+    compare-and-set then refuses included): messages and bytes by bucket, and when each cell Job was first
+    seen and first read Succeeded. Lighter than a typed watch, so the observer takes little CPU from the
+    processes it measures."""
+
+    prefix: str
+    counting: bool = False
+    writes: Counter[str] = field(default_factory=Counter)
+    sizes: Counter[str] = field(default_factory=Counter)
+    created: dict[str, float] = field(default_factory=dict)
+    succeeded: dict[str, float] = field(default_factory=dict)
+    decoder: msgspec.json.Decoder[_JobPhase] = field(default_factory=lambda: msgspec.json.Decoder(_JobPhase))
+
+    async def on_msg(self, msg: Msg) -> None:
+        if not self.counting:
+            return
+        bucket = msg.subject.split(".", 3)[1]
+        self.writes[bucket] += 1
+        self.sizes[bucket] += len(msg.data)
+        if msg.subject.startswith(self.prefix) and msg.data:
+            now = time.perf_counter()
+            self.created.setdefault(msg.subject, now)
+            if self.decoder.decode(msg.data).status.phase == "Succeeded":
+                self.succeeded.setdefault(msg.subject, now)
+
+    @property
+    def total(self) -> int:
+        return sum(self.writes.values())
+
+
+@dataclass
+class Run:
+    seconds: float  # Sweep created -> its status Succeeded with every row
+    last_created_s: float  # Sweep created -> the last cell Job first seen
+    last_succeeded_s: float  # Sweep created -> the last cell Job Succeeded
+    tap: Tap
+    stored: Counter[str]  # writes each bucket's stream took (its last sequence moved by)
+    cpu: dict[str, float]  # process -> CPU seconds during the run
+    job_bytes: int  # a finished cell Job as stored
+    sweep_bytes: int  # the finished Sweep as stored
+
+
+async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run:
+    sweeps = ObjectStore(nc, "sweeps", Sweep)
+    tap = Tap(prefix=f"$KV.jobs.{NS}.{name}-")
+    sub = await nc.subscribe("$KV.>", cb=tap.on_msg, pending_msgs_limit=1_000_000)
+    seq0 = await _stored(nc)
+    cpu0 = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+    own0 = time.process_time()
+    try:
+        async with sweeps.watch(NS, name=name) as w:
+            tap.counting = True
+            start = time.perf_counter()
+            await sweeps.create(_sweep(name))
+            while True:
+                left = DEADLINE_S - (time.perf_counter() - start)
+                if left <= 0:
+                    raise RuntimeError(
+                        f"the Sweep did not succeed in {DEADLINE_S:.0f} s ({len(tap.created)} cells created, "
+                        f"{len(tap.succeeded)} succeeded):\n{_tails(logs)}"
+                    )
+                sweep = (await w.next(timeout=left)).object
+                if sweep.status.phase == "Succeeded" and len(sweep.status.cells) == CELLS:
+                    break
+            end = time.perf_counter()
+            tap.counting = False
+        await nc.flush()
+    finally:
+        await sub.unsubscribe()
+    cpu = {name: _cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    cpu["bench (observer)"] = time.process_time() - own0
+    seq1 = await _stored(nc)
+    job = await ObjectStore(nc, "jobs", Job).get(NS, f"{name}-0")
+    return Run(
+        seconds=end - start,
+        last_created_s=max(tap.created.values()) - start,
+        last_succeeded_s=max(tap.succeeded.values()) - start,
+        tap=tap,
+        stored=Counter({b: seq1[b] - seq0[b] for b in seq1 if seq1[b] > seq0[b]}),
+        cpu=cpu,
+        job_bytes=len(msgspec.json.encode(job)),
+        sweep_bytes=len(msgspec.json.encode(sweep)),
+    )
+
+
+async def _ready(nc: NATS, logs: Path) -> None:
+    """Every node registered and both controllers leading: the clock must not time their start-up."""
+    nodes = ObjectStore(nc, "nodes", Node)
+    leases = [Lease(nc, name, "probe") for name in ("scheduler", "sweep-controller")]
+    deadline = time.monotonic() + 60
+    while True:
+        holders = [await lease.current_holder() for lease in leases]
+        if len((await nodes.list()).items) >= NODES and holders == ["bench", "bench"]:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the fleet, the scheduler or the sweep controller did not start:\n{_tails(logs)}"
+            )
+        await asyncio.sleep(0.2)  # polling against a deadline, not synchronisation
+
+
+async def _stored(nc: NATS) -> dict[str, int]:
+    """Each bucket's last stream sequence: the writes it took, refused compare-and-sets not counted."""
+    js = nc.jetstream()
+    return {b.name: int((await js.stream_info(f"KV_{b.name}")).state.last_seq) for b in declaring.BUCKETS}
+
+
+def _tails(logs: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-1500:]}" for p in sorted(logs.glob("*.log")))
+
+
+async def _raw_puts(nc: NATS, size: int, n: int, in_flight: int) -> float:
+    """nats-py ``kv.put`` of ``size`` bytes to n keys of a scratch bucket: writes per second."""
+    kv = await nc.jetstream().create_key_value(bucket=f"rawput{in_flight}", history=1)
+    value = b"x" * size
+    sem = asyncio.Semaphore(in_flight)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await kv.put(f"k.{i}", value)
+
+    start = time.perf_counter()
+    if in_flight == 1:
+        for i in range(n):
+            await kv.put(f"k.{i}", value)
+    else:
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return n / (time.perf_counter() - start)
+
+
+async def run(n: int) -> list[Result]:
+    """``n`` is the number of raw writes per baseline (the Sweep's size is the issue's: 1,000 cells)."""
+    with NatsServer() as server, tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        nc = await connect(server.url, "bench")
+        await declaring.ensure(nc.jetstream())
+        env = {"NODUS_NATS_URL": server.url, "NODUS_LOG_LEVEL": "WARNING", "NODUS_REPLICA": "bench"}
+        fleet_args = ["--fleet", "s", "--nodes", str(NODES), "--offerings", "l4-x1-us", "--progress-s", "0"]
+        procs = {
+            "fleet": _spawn(
+                ["-m", "nodus_agent.simulating", *fleet_args, "--workdir", str(tmp / "fleet")],
+                env,
+                tmp / "fleet.log",
+                profiled=False,
+            ),
+            "scheduler": _spawn(
+                ["-m", "nodus_scheduler"], {**env, "NODUS_FUNDING": "off"}, tmp / "scheduler.log"
+            ),
+            "sweeps": _spawn(["-m", "nodus_sweeps"], env, tmp / "sweeps.log"),
+        }
+        try:
+            await _ready(nc, tmp)
+            pids = {name: p.pid for name, p in procs.items()}
+            assert server.proc is not None, "the nats-server is started"
+            pids["nats-server"] = server.proc.pid
+            runs = []
+            for round_no in range(ROUNDS):
+                runs.append(await _measure(nc, f"noop-{round_no}", pids, tmp))
+                await _delete(nc, f"noop-{round_no}", tmp)
+            sequential = await _raw_puts(nc, runs[0].job_bytes, n, 1)
+            concurrent = await _raw_puts(nc, runs[0].job_bytes, n, IN_FLIGHT)
+        finally:
+            for p in procs.values():
+                stop(p, grace_s=10)
+            await nc.close()
+    return _report(runs, sequential, concurrent)
+
+
+async def _delete(nc: NATS, name: str, logs: Path) -> None:
+    """Delete the Sweep and wait for the controller to delete its cells, so rounds do not overlap."""
+    await ObjectStore(nc, "sweeps", Sweep).delete(NS, name)
+    jobs = ObjectStore(nc, "jobs", Job)
+    deadline = time.monotonic() + 60
+    while (await jobs.list(NS, selector=Selector.equals({SWEEP_LABEL: name}), limit=1)).items:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the cells of {name} were not deleted in 60 s:\n{_tails(logs)}")
+        await asyncio.sleep(0.2)  # polling against a deadline, not synchronisation
+
+
+def _latencies(tap: Tap) -> tuple[float, float]:
+    """Median ms from a cell's creation to its Succeeded, and from the k-th cell Succeeded to the
+    (k + maxParallel)-th cell created: the time the sweep controller takes to refill a freed slot."""
+    run = statistics.median(tap.succeeded[k] - tap.created[k] for k in tap.succeeded)
+    done, made = sorted(tap.succeeded.values()), sorted(tap.created.values())
+    refill = [made[k + MAX_PARALLEL] - done[k] for k in range(len(made) - MAX_PARALLEL)]
+    return run * 1000, (statistics.median(refill) * 1000 if refill else 0.0)
+
+
+def _report(runs: list[Run], sequential: float, concurrent: float) -> list[Result]:
+    rates = [CELLS / r.seconds for r in runs]
+    for r in runs:
+        _describe(r)
+    m = max(runs, key=lambda r: CELLS / r.seconds)  # the round least disturbed by the rest of the machine
+    rate, per_cell = CELLS / m.seconds, m.tap.total / CELLS
+    kv_rate = m.tap.total / m.seconds
+    print(
+        f"sweeps: rounds {', '.join(f'{x:,.1f}' for x in rates)} cells/s (best counts); raw kv.put of "
+        f"{m.job_bytes:,} bytes: {sequential:,.0f}/s sequential, {concurrent:,.0f}/s {IN_FLIGHT} in flight"
+    )
+    writes = f"the Sweep's KV writes/s ({per_cell:.1f} per cell)"
+    return [
+        Result(
+            f"Sweep of {CELLS:,} no-op cells, end to end (cells/s), best of {ROUNDS}",
+            "required 200 cells/s",
+            rate,
+            FLOOR,
+            1.0,
+        ),
+        Result(writes, f"raw kv.put of a cell Job ({m.job_bytes:,} B), sequential", kv_rate, sequential),
+        Result(writes, f"raw kv.put of a cell Job, {IN_FLIGHT} in flight", kv_rate, concurrent),
+    ]
+
+
+def _describe(m: Run) -> None:
+    """One round, with where its time went."""
+    buckets = ", ".join(
+        f"{b} {c / CELLS:.2f} ({m.tap.sizes[b] / 1e6:,.1f} MB)" for b, c in m.tap.writes.most_common()
+    )
+    cpu = ", ".join(f"{name} {s:.1f}" for name, s in sorted(m.cpu.items(), key=lambda kv: -kv[1]))
+    stored = sum(m.stored.values())
+    per_bucket = ", ".join(f"{b} {c / CELLS:.2f}" for b, c in m.stored.most_common())
+    run_ms, refill_ms = _latencies(m.tap)
+    cores = len(os.sched_getaffinity(0))
+    writes, per_s = m.tap.total, m.tap.total / m.seconds
+    print(
+        f"sweeps: {CELLS:,} cells on {NODES} nodes, maxParallel {MAX_PARALLEL}: {m.seconds:.1f} s end to end "
+        f"= {CELLS / m.seconds:,.1f} cells/s; last cell created at {m.last_created_s:.1f} s, last cell "
+        f"Succeeded at {m.last_succeeded_s:.1f} s\n"
+        f"  median latency: a cell Job created -> Succeeded {run_ms:,.0f} ms (scheduler, fleet); a cell "
+        f"Succeeded -> the cell taking its slot created {refill_ms:,.0f} ms (sweep controller)\n"
+        f"  KV writes: {writes:,} = {writes / CELLS:.2f} per cell ({per_s:,.0f}/s); "
+        f"per cell by bucket (bytes in all): {buckets}; the finished Sweep is {m.sweep_bytes / 1e3:,.0f} kB\n"
+        f"  of them stored: {stored:,} = {stored / CELLS:.2f} per cell ({per_bucket}); the rest are "
+        f"compare-and-set writes the stream refused\n"
+        f"  CPU seconds during the run: {cpu} (of {cores * m.seconds:.1f} on {cores} cores)"
+    )
+
+
+if __name__ == "__main__":
+    for r in asyncio.run(run(2000)):
+        print(r)
