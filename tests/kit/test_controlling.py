@@ -130,3 +130,31 @@ async def test_resync_finds_what_no_event_announced(nc: NATS, unique: str) -> No
     finally:
         await ctl.stop()
         await task
+
+
+async def test_a_run_cancelled_during_its_grace_leaves_no_reconcile_running(nc: NATS, unique: str) -> None:
+    """A lost lease cancels the leader's task, maybe twice (once to stop, once more while it drains):
+    run() must not return while a worker still reconciles, or two leaders would write at once."""
+    jobs = ObjectStore(nc, "jobs", Job)
+    began, ended = asyncio.Event(), asyncio.Event()
+
+    async def reconcile(key: Key) -> float | None:
+        if key[0] != unique:
+            return None
+        began.set()
+        try:
+            await asyncio.Event().wait()  # a reconcile that would never finish by itself
+        finally:
+            ended.set()
+        return None
+
+    ctl = Controller("test", reconcile, [Source(jobs, namespace=unique)], workers=1, stop_grace_s=3600)
+    task = asyncio.create_task(ctl.run())
+    await jobs.create(_job(unique, "a"))
+    await asyncio.wait_for(began.wait(), 10)
+    task.cancel()  # run() enters its wind-down and waits for the worker, with an hour of grace
+    await eventually(lambda: ctl.queue.is_shut_down, message="run() did not begin to wind down")
+    task.cancel()  # cancelled again during the grace
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert ended.is_set(), "the worker was still reconciling after run() ended"

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.errors import NodusError
 from nodus_kit.queueing import ShutDown, WorkQueue
 from nodus_kit.storing import Event, ObjectStore
@@ -76,13 +77,16 @@ class Controller:
         finally:
             for t in self._tasks:
                 t.cancel()
-            await self.queue.shut_down()
-            # In-flight reconciles may finish (they are safe to kill at any line, but a finished one
-            # leaves less to redo); past the grace they are cancelled, so a stop never hangs on one.
-            _, late = await asyncio.wait(workers, timeout=self.stop_grace_s) if workers else (set(), set())
-            for t in late:
-                t.cancel()
-            await asyncio.gather(*self._tasks, *workers, return_exceptions=True)
+            try:
+                await self.queue.shut_down()
+                # In-flight reconciles may finish (they are safe to kill at any line, but a finished one
+                # leaves less to redo); past the grace they are cancelled, so a stop never hangs on one.
+                if workers:
+                    await asyncio.wait(workers, timeout=self.stop_grace_s)
+            finally:
+                # Also when run() itself is cancelled during the grace (a lost lease cancels the leader's
+                # task): no worker may go on reconciling after run() has returned.
+                await cancel_and_wait([*self._tasks, *workers])
 
     async def stop(self) -> None:
         self._stopping.set()

@@ -3,12 +3,27 @@
 Level-triggered and safe to kill at any line: it derives everything from the Sweep and the Jobs that
 carry its label (read from an informer, :mod:`nodus_sweeps.caching`), creates the next missing cells
 (AlreadyExists is success), and writes the status only when it changed.
+
+What a pass costs is kept small for Sweeps of a thousand cells, whose status is ~140 kB (issue #8's
+200 cells/s, bench/sweeps_bench.py):
+
+* the Sweep is read from what the controller's own watch already decoded (:meth:`SweepReconciler.seen`),
+  newest revision wins, and the status is written by compare-and-set on that revision; only a Sweep
+  the view has not seen yet is read from the store (so a cell's event for a Sweep the watch has not
+  delivered yet is never taken for a deleted Sweep);
+* the cells of a generation are expanded once, and a row is built again only when its Job changed;
+* a status whose phase, reason and conditions did not change (only rows, counts, costs) is written at
+  most every :data:`WRITE_INTERVAL_S` per Sweep: a pass within it asks to run again when it ends;
+* a pass costs the same whatever changed (a walk over every cell, ~1 ms a thousand cells), so a Sweep
+  is passed at most every :data:`PASS_INTERVAL_S`: changes of its cells that come meanwhile (a busy
+  Sweep's come every few milliseconds) are taken together by the next pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -16,8 +31,8 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as NATS
 
-from nodus_kit.errors import AlreadyExists, NotFound, TemporaryError
-from nodus_kit.storing import ObjectStore
+from nodus_kit.errors import AlreadyExists, Conflict, NotFound, TemporaryError
+from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.costs import Cost, CostSegments, Estimate
 from nodus_schema.defaulting import default_job
 from nodus_schema.estimating import RATE_CEILING_ANNOTATION
@@ -25,14 +40,25 @@ from nodus_schema.expanding import Cell, cell_job, expand
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import Condition, now_rfc3339, set_condition
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
-from nodus_schema.sweeps import CELL_LABEL, Sweep, SweepBest, SweepCell, SweepStatus
+from nodus_schema.sweeps import Sweep, SweepBest, SweepCell, SweepStatus
 from nodus_sweeps.caching import CellIndex
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PARALLEL = 4
 SYNC_WAIT_S = 5.0
+WRITE_INTERVAL_S = 0.25
+"""The least time between two status writes of one Sweep that only move its rows and counts."""
+PASS_INTERVAL_S = 0.025
+"""The least time between the starts of two passes over one Sweep (a freed slot waits at most this)."""
 STOP_EARLY_ANNOTATION = "nodus.dev/stop-early"
 """``"true"``: start no more cells while the projected cost to finish exceeds what is left under the cap."""
+
+Key = tuple[str, str]
+
+
+def _rv(obj: Any) -> int:
+    rv = obj.metadata.resource_version
+    return int(rv) if rv else 0
 
 
 class SweepReconciler:
@@ -40,6 +66,55 @@ class SweepReconciler:
         self.sweeps = ObjectStore(nc, "sweeps", Sweep)
         self.jobs = ObjectStore(nc, "jobs", Job)
         self.cells = CellIndex(self.jobs)
+        self._seen: dict[Key, Sweep] = {}
+        self._gone: dict[Key, int] = {}  # the revision each deleted Sweep was deleted at
+        self._expanded: dict[Key, tuple[str | None, int | None, list[Cell]]] = {}
+        self._rows: dict[Key, dict[int, tuple[str | None, SweepCell]]] = {}
+        self._written: dict[Key, float] = {}  # monotonic time of the last status write
+        self._passed: dict[Key, float] = {}  # monotonic time the last pass began
+
+    def reset(self) -> None:
+        """Drop every view (a replica that wins the lease again must not trust what it saw before)."""
+        self._seen.clear()
+        self._gone.clear()
+        self._expanded.clear()
+        self._rows.clear()
+        self._written.clear()
+        self._passed.clear()
+
+    def seen(self, event: Event[Sweep]) -> list[Key]:
+        """The controller's watch mapper: keep the newest Sweep it decoded, then queue its key."""
+        sweep = event.object
+        key = (sweep.metadata.namespace or "", sweep.metadata.name or "")
+        self._keep(key, sweep, deleted=event.type == "DELETED")
+        return [key]
+
+    def _keep(self, key: Key, sweep: Sweep, *, deleted: bool = False) -> None:
+        rv = _rv(sweep)
+        held = self._seen.get(key)
+        if (held is not None and _rv(held) > rv) or self._gone.get(key, -1) > rv:
+            return
+        if deleted:
+            self._seen.pop(key, None)
+            self._gone[key] = rv
+        else:
+            self._seen[key] = sweep
+            self._gone.pop(key, None)
+
+    async def _sweep(self, key: Key) -> Sweep:
+        held = self._seen.get(key)
+        if held is not None:
+            return held
+        sweep = await self.sweeps.get(*key)  # NotFound: deleted (or never there)
+        self._keep(key, sweep)
+        return sweep
+
+    def _forget(self, key: Key) -> None:
+        self._seen.pop(key, None)
+        self._expanded.pop(key, None)
+        self._rows.pop(key, None)
+        self._written.pop(key, None)
+        self._passed.pop(key, None)
 
     async def reconcile(self, key: tuple[str, str]) -> float | None:
         ns, name = key
@@ -48,26 +123,36 @@ class SweepReconciler:
                 await asyncio.wait_for(self.cells.synced.wait(), SYNC_WAIT_S)
             except TimeoutError:
                 raise TemporaryError("the cell index has not listed the jobs yet", delay=1.0) from None
-        cell_jobs = self.cells.cells_of(key)
+        now = time.monotonic()
+        wait = self._passed.get(key, 0.0) + PASS_INTERVAL_S - now
+        if wait > 0:
+            return wait
+        self._passed[key] = now
         try:
-            sweep = await self.sweeps.get(ns, name)
+            sweep = await self._sweep(key)
         except NotFound:
-            await self._collect(ns, name, cell_jobs)
+            self._forget(key)
+            await self._collect(ns, name, self.cells.cells_of(key))
             return None
-        # Only Jobs this Sweep owns count: a same-named Sweep created after a delete must not adopt old cells.
-        owned = {
-            int(j.metadata.labels[CELL_LABEL]): j
-            for j in cell_jobs
-            if any(o.uid == sweep.metadata.uid for o in j.metadata.owner_references)
-        }
-        cells = expand(sweep)
+        owned = self.cells.owned(key, sweep.metadata.uid)
+        cells = self._cells(key, sweep)
         await self._propagate_state(sweep, owned)
         outlook = project(sweep, len(cells), owned)
         if not (outlook is not None and outlook.over and stops_early(sweep)):
             await self._create_cells(sweep, cells, owned)
-        status = self._status(sweep, cells, owned, outlook)
-        await self._write(sweep, status)
-        return None
+        status = self._status(sweep, cells, owned, outlook, self._rows.setdefault(key, {}))
+        return await self._write(key, sweep, status)
+
+    def _cells(self, key: Key, sweep: Sweep) -> list[Cell]:
+        """The Sweep's cells, expanded once per generation (a spec change is a new generation)."""
+        uid, generation = sweep.metadata.uid, sweep.metadata.generation
+        held = self._expanded.get(key)
+        if held is not None and held[0] == uid and held[1] == generation:
+            return held[2]
+        cells = expand(sweep)
+        self._expanded[key] = (uid, generation, cells)
+        self._rows.pop(key, None)  # rows carry the cell's matrix values
+        return cells
 
     async def _collect(self, ns: str, name: str, cell_jobs: list[Job]) -> None:
         """The Sweep is gone: its cells go too (ownerReferences, as Kubernetes' garbage collector does).
@@ -126,10 +211,25 @@ class SweepReconciler:
             unfinished += 1
 
     def _status(
-        self, sweep: Sweep, cells: list[Cell], owned: dict[int, Job], outlook: Outlook | None = None
+        self,
+        sweep: Sweep,
+        cells: list[Cell],
+        owned: dict[int, Job],
+        outlook: Outlook | None = None,
+        built: dict[int, tuple[str | None, SweepCell]] | None = None,
     ) -> SweepStatus:
+        """``built``: the rows of an earlier pass by index with their Job's revision (None: no Job
+        yet), reused where the Job did not change and updated in place."""
         m = sweep.spec.matrix
-        rows = [_cell_row(c, owned.get(c.index), bool(m.gpu), bool(m.regions)) for c in cells]
+        built = {} if built is None else built
+        rows = []
+        for c in cells:
+            job = owned.get(c.index)
+            rv = job.metadata.resource_version if job is not None else None
+            held = built.get(c.index)
+            if held is None or held[0] != rv:
+                held = built[c.index] = (rv, _cell_row(c, job, bool(m.gpu), bool(m.regions)))
+            rows.append(held[1])
         old = sweep.status
         phase, reason, message = _phase(sweep, rows)
         phase, reason, message = _capped(sweep, owned, phase, reason, message)
@@ -160,16 +260,26 @@ class SweepReconciler:
             set_condition(status.conditions, outlook.condition(sweep), now=now_rfc3339())
         return status
 
-    async def _write(self, sweep: Sweep, status: SweepStatus) -> None:
-        def change(current: Sweep) -> Sweep | None:
-            if current.metadata.uid != sweep.metadata.uid or _same(current.status, status):
-                return None
-            return msgspec.structs.replace(current, status=status)
-
+    async def _write(self, key: Key, sweep: Sweep, status: SweepStatus) -> float | None:
+        """Write ``status`` by compare-and-set on the revision read; a change of rows alone waits for
+        :data:`WRITE_INTERVAL_S` since the last write (the pass asks to run again then)."""
+        if _same(sweep.status, status):
+            return None
+        wait = self._written.get(key, 0.0) + WRITE_INTERVAL_S - time.monotonic()
+        if wait > 0 and not _urgent(sweep.status, status):
+            return wait
         try:
-            await self.sweeps.mutate(sweep.metadata.namespace, sweep.metadata.name or "", change)
+            written = await self.sweeps.update(msgspec.structs.replace(sweep, status=status))
         except NotFound:
-            pass
+            self._forget(key)
+            return None
+        except Conflict:
+            # Someone (the gateway: a spec change) wrote first: read it again and redo the pass.
+            self._seen.pop(key, None)
+            return 0.0
+        self._keep(key, written)
+        self._written[key] = time.monotonic()
+        return None
 
 
 def _bound(sweep: Sweep, job: Job) -> Job:
@@ -194,6 +304,16 @@ def _bound(sweep: Sweep, job: Job) -> Job:
         )
         job = msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, estimate=estimate))
     return job
+
+
+def _urgent(old: SweepStatus, new: SweepStatus) -> bool:
+    """A change people and the other controllers wait on: phase, reason, times, conditions."""
+    return _headline(old) != _headline(new)
+
+
+def _headline(s: SweepStatus) -> tuple[Any, ...]:
+    conditions = [(c.type, c.status, c.reason) for c in s.conditions]
+    return (s.phase, s.reason, s.observed_generation, s.start_time, s.completion_time, conditions)
 
 
 def _same(a: SweepStatus, b: SweepStatus) -> bool:

@@ -16,12 +16,13 @@ class SweepsService(Service):
 
     async def start(self) -> None:
         self.reconciler = rec = SweepReconciler(self.bus)
-        # Sweeps are watched by the controller; cell Jobs by the reconciler's index, which puts their
+        # Sweeps are watched by the controller, whose mapper keeps the Sweeps it decodes for the
+        # reconciler (reconciling.py says why); cell Jobs by the reconciler's index, which puts their
         # Sweep in the queue once it holds the change (caching.py says why).
         self.controller = Controller(
             "sweeps",
             rec.reconcile,
-            [Source(rec.sweeps)],
+            [Source(rec.sweeps, mapper=rec.seen)],
             workers=4,
             resync_s=float(self.settings.env.get("NODUS_RESYNC_S", "30")),
         )
@@ -30,6 +31,7 @@ class SweepsService(Service):
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
 
     async def _lead(self) -> None:
+        self.reconciler.reset()
         await self.reconciler.cells.start()
         try:
             await self.controller.run()
