@@ -63,9 +63,10 @@ async def test_resource_list_has_names_verbs_short_names_and_categories(api: htt
     assert sweeps["categories"] == ["all", "nodus"]
     assert {"create", "get", "list", "delete"} <= set(sweeps["verbs"])
     assert by_name["jobs"]["kind"] == "Job"
-    for sub in ("sweeps/status", "jobs/status"):
+    for sub in ("sweeps/status", "jobs/status", "sweeps/results"):
         assert by_name[sub]["singularName"] == ""
         assert "get" in by_name[sub]["verbs"]
+    assert by_name["sweeps/results"]["verbs"] == ["get"], "results are read, never written"
     # Every row of the resource table that has routes is listed, with its own scope.
     for res in RESOURCES:
         if res.plural in by_name:

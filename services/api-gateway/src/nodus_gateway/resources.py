@@ -163,7 +163,8 @@ RESOURCES: tuple[Resource, ...] = (
         # Shorter than a Job's: cell Jobs are named <sweep>-<index> and must still fit.
         max_name=MAX_SWEEP_NAME,
         short_names=("sw",),
-        subresources=("status",),
+        # results: the cell table with the best cells, JSON or CSV (resultsapi.py); read-only.
+        subresources=("status", "results"),
     ),
     Resource(
         plural="jobs",
