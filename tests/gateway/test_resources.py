@@ -53,7 +53,8 @@ def test_table_declares_scope_verbs_and_categories() -> None:
         assert r.read_only and set(r.verbs) <= {"get", "list", "watch"} and r.written_by
     for plural in ("sweeps", "jobs", "connections"):
         assert {"create", "get", "list", "update", "patch", "delete"} <= set(by_plural[plural].verbs)
-    assert by_plural["sweeps"].subresources == ("status",) == by_plural["jobs"].subresources
+    assert by_plural["sweeps"].subresources == ("status", "results")
+    assert by_plural["jobs"].subresources == ("status",)
     # Secrets stay out of `kubectl get all`, as in Kubernetes.
     assert "all" not in by_plural["secrets"].categories and "all" in by_plural["sweeps"].categories
     assert "watch" not in by_plural["secrets"].verbs
