@@ -87,6 +87,7 @@ class Controller:
                 # Also when run() itself is cancelled during the grace (a lost lease cancels the leader's
                 # task): no worker may go on reconciling after run() has returned.
                 await cancel_and_wait([*self._tasks, *workers])
+                self.queue.drop()  # what the workers left is redone by the next run's list
 
     async def stop(self) -> None:
         self._stopping.set()

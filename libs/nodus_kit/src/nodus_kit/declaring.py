@@ -7,12 +7,17 @@ same table for operators.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
+import nats.errors
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
+
+# What a cluster electing leaders answers: nothing in time, no responders, or a 503/500 API error.
+TEMPORARY = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError, APIError)
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +152,29 @@ async def ensure(
     buckets: tuple[Bucket, ...] = BUCKETS,
     streams: tuple[Stream, ...] = STREAMS,
     replicas: int = 1,
+    deadline_s: float = 60.0,
 ) -> None:
-    """Create or update every declared bucket and stream; safe to run concurrently and repeatedly."""
+    """Create or update every declared bucket and stream; safe to run concurrently and repeatedly.
+
+    A cluster that has just started (or just lost a server) answers the JetStream API late or not at
+    all for a few seconds while it elects leaders, and a service that declares its streams then must
+    not exit for it: a temporary failure is tried again, with a growing pause, for ``deadline_s``."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
     for cfg in [b.config(replicas) for b in buckets] + [s.config(replicas) for s in streams]:
-        await _ensure_stream(js, cfg)
+        pause = 0.1
+        while True:
+            try:
+                await _ensure_stream(js, cfg)
+                break
+            except TEMPORARY as e:
+                if isinstance(e, APIError) and e.code not in (None, 408, 500, 503):
+                    raise
+                if loop.time() + pause >= end:
+                    raise
+                log.warning("declaring %s: %r; trying again", cfg.name, e)
+                await asyncio.sleep(pause)  # a pause between tries, not a synchronisation
+                pause = min(pause * 2, 2.0)
 
 
 async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:

@@ -107,6 +107,13 @@ class WorkQueue(Generic[K]):
             self._dirty.discard(key)
             self.add(key)
 
+    def drop(self) -> None:
+        """Forget every queued key: for a shut-down queue whose workers are gone (nothing will take
+        them; a controller that runs again starts a new queue and lists everything again)."""
+        self._queue.clear()
+        self._waiting.clear()
+        self._dirty.clear()
+
     async def shut_down(self) -> None:
         self._shutdown = True
         for t in self._timers.values():
