@@ -129,6 +129,31 @@ def test_usage_beyond_the_hold_is_reported_not_charged() -> None:
     assert state.jobs["j"].unbilled_micros == 5
 
 
+def test_a_capture_gives_back_what_ticks_charged_beyond_the_runs_final_charge() -> None:
+    # Ticks charged 20 (the run's finish reached the meter late); the run's final charge is 8.
+    state, _ = run(funded(100), hold("h", 30), Charge(hold_id="h", tick="1", amount_micros=20))
+    state, result = run(state, Capture(hold_id="h", amount_micros=0, total_micros=8))
+    assert result.ok and (result.refunded_micros, result.charged_micros, result.released_micros) == (
+        12,
+        0,
+        22,
+    )
+    assert (job_spent(state, "j"), job_held(state, "j"), available(state, "p")) == (8, 0, 92)
+    assert state.holds["h"].charged_micros == 8 and state.holds["h"].status == "Captured"
+    assert fold(state.ledger.values()) == state.balances
+    again, same, more = apply(state, Capture(hold_id="h", amount_micros=0, total_micros=8))
+    assert more == [] and encode(again) == encode(state) and same.code == "Conflict"
+
+
+def test_a_capture_with_its_total_charges_what_the_ticks_did_not() -> None:
+    state, _ = run(funded(100), hold("h", 30), Charge(hold_id="h", tick="1", amount_micros=5))
+    state, result = run(state, Capture(hold_id="h", amount_micros=999, total_micros=12))
+    assert (result.charged_micros, result.refunded_micros, result.released_micros) == (7, 0, 18)
+    assert job_spent(state, "j") == 12
+    _, refused = run(funded(100), hold("x", 30), Capture(hold_id="x", amount_micros=0, total_micros=-1))
+    assert refused.code == "Invalid"
+
+
 def test_an_extension_must_fit_like_a_hold() -> None:
     state, _ = run(funded(1000, job_cap=50), hold("h", 30))
     state, result = run(state, ExtendHold(hold_id="h", more_micros=20, funded_until_ms=JAN + 120_000))

@@ -194,6 +194,24 @@ class Billing(RuleBasedStateMachine):
         self.resolutions[hold_id] += 1
 
     @precondition(lambda self: self.open_holds())
+    @rule(data=st.data(), total=amounts)
+    def finish_cell(self, data: st.DataObject, total: int) -> None:
+        """The meter's capture with the run's whole charge: ticks that ran ahead are given back."""
+        hold_id = data.draw(st.sampled_from(self.open_holds()))
+        hold = self.state.holds[hold_id]
+        before, ticked = held(self.state, hold_id), hold.charged_micros
+        result = self.do(Capture(hold_id=hold_id, amount_micros=0, total_micros=total))
+        if total < ticked:
+            assert (result.refunded_micros, result.charged_micros) == (ticked - total, 0)
+            assert result.released_micros == before + ticked - total
+        else:
+            assert result.refunded_micros == 0
+            assert result.charged_micros + result.overrun_micros == total - ticked
+            assert result.charged_micros + result.released_micros == before
+        self.charged[hold.job] += result.charged_micros - result.refunded_micros
+        self.resolutions[hold_id] += 1
+
+    @precondition(lambda self: self.open_holds())
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         hold_id = data.draw(st.sampled_from(self.open_holds()))
@@ -231,7 +249,9 @@ class Billing(RuleBasedStateMachine):
         if not first.ok:
             # A refusal moved nothing and is not remembered (ADR-0024): replayed, it is judged again as a
             # new request. The invariants still hold after it, whatever it decides now.
-            self.state, again, _ = apply(self.state, op)
+            self.state, again, posted = apply(self.state, op)
+            if not posted:
+                return  # refused again, or accepted by an earlier replay and now answered from memory
             if again.ok and isinstance(op, Grant | Revoke):
                 self.granted[op.project] += op.amount_micros if isinstance(op, Grant) else -op.amount_micros
             if again.ok and isinstance(op, Capture | Release):

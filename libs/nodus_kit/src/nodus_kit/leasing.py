@@ -27,6 +27,24 @@ PREFIX = "$KV.leases."
 WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
+DEFAULT_TTL_S = 10
+TTL_ENV = "NODUS_LEASE_TTL_S"
+
+
+def ttl_from(env: dict[str, str]) -> int:
+    """A controller's lease TTL from ``NODUS_LEASE_TTL_S`` (whole seconds, default 10): a standby takes
+    over within about one TTL of the leader's death, and a leader that cannot renew for two thirds of it
+    steps down. Shorter fails over sooner and renews more often (one KV write per third of it)."""
+    raw = env.get(TTL_ENV, str(DEFAULT_TTL_S))
+    try:
+        ttl = int(raw)
+    except ValueError:
+        raise ValueError(f"{TTL_ENV}={raw!r}: give whole seconds, at least 1 (e.g. 10)") from None
+    if ttl < 1:
+        raise ValueError(f"{TTL_ENV}={raw!r}: give whole seconds, at least 1 (e.g. 10)")
+    return ttl
+
+
 class LeaseRecord(msgspec.Struct, rename="camel"):
     holder: str
     acquired_unix_ms: int

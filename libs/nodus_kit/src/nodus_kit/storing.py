@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -141,12 +142,23 @@ class ObjectStore(Generic[T]):
 
     async def _last(self, key: str) -> Any:
         try:
-            msg = await self.js.get_msg(self.stream, subject=self.prefix + key, direct=True)
+            msg = await self._get_last(self.prefix + key)
         except NotFoundError:
             return None
         if _is_marker(msg):
             return None
         return msg
+
+    async def _get_last(self, subject: str) -> Any:
+        """The last message on ``subject``, read so that a write acknowledged before is always seen.
+
+        A direct get is the cheap read (no JSON envelope, no base64), but on a replicated stream any
+        replica answers it, and a follower that has not applied the latest write yet answers with the
+        old value, or NotFound for an object just created (seen in tests/cluster: a create refused as
+        AlreadyExists, then a get of it NotFound). So a stream with more than one replica is read through
+        its leader (``$JS.API.STREAM.MSG.GET``), one with one replica directly."""
+        direct = await _direct_reads_are_current(self.nc, self.js, self.stream)
+        return await self.js.get_msg(self.stream, subject=subject, direct=direct)
 
     # -- writes -------------------------------------------------------------------------------------
     async def create(self, obj: T) -> T:
@@ -181,7 +193,7 @@ class ObjectStore(Generic[T]):
 
     async def _marker_revision(self, key: str) -> int | None:
         try:
-            msg = await self.js.get_msg(self.stream, subject=self.prefix + key, direct=True)
+            msg = await self._get_last(self.prefix + key)
         except NotFoundError:
             return 0
         if _is_marker(msg):
@@ -321,7 +333,7 @@ class ObjectStore(Generic[T]):
 
     async def compacted_revision(self) -> int:
         try:
-            msg = await self.js.get_msg(self.stream, subject=self.prefix + COMPACTED_KEY, direct=True)
+            msg = await self._get_last(self.prefix + COMPACTED_KEY)
         except NotFoundError:
             return 0
         return int(msg.data or b"0")
@@ -385,6 +397,20 @@ async def _until_caught_up(sub: Any) -> AsyncIterator[Any]:
         yield msg
         if int(msg.metadata.num_pending) == 0:
             return
+
+
+_REPLICATED: weakref.WeakKeyDictionary[NATS, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+async def _direct_reads_are_current(nc: NATS, js: JetStreamContext, stream: str) -> bool:
+    """Whether ``stream`` has one replica (its direct gets come from the leader alone), asked once per
+    connection and stream: replicas are set when the stream is declared and do not change under a
+    running process (a restart asks again)."""
+    known = _REPLICATED.setdefault(nc, {})
+    if stream not in known:
+        info = await js.stream_info(stream)
+        known[stream] = (info.config.num_replicas or 1) <= 1
+    return known[stream]
 
 
 def _is_marker(msg: Any) -> bool:

@@ -119,11 +119,17 @@ class Charge(Wire, tag=True, tag_field="op"):
 
 
 class Capture(Wire, tag=True, tag_field="op"):
-    """The final charge of a hold (beyond its ticks); the rest is released and the hold resolves."""
+    """The final charge of a hold (beyond its ticks); the rest is released and the hold resolves.
+
+    ``total_micros``, when given, is the run's whole final charge and wins over ``amount_micros``: the
+    hold ends having charged exactly that, ticks included. Ticks charge a running run's time up to a
+    second behind the clock; a finish that reaches the meter later than that (a report delayed by a
+    failover) leaves the ticks above the run's real use, and the capture gives the difference back."""
 
     hold_id: str
     amount_micros: int
     usage: Usage | None = None
+    total_micros: int | None = None
 
 
 class Release(Wire, tag=True, tag_field="op"):
@@ -370,10 +376,21 @@ def _capture(state: State, op: Capture, key: str) -> _Handled:
     hold, refusal = _open_hold(state, op.hold_id, key)
     if hold is None:
         return refusal, []
-    result, entries = _charge_from(state, op.hold_id, hold, op.amount_micros, key)
-    if not result.ok:
-        return result, []
-    rest = held(state, op.hold_id) - result.charged_micros
+    if op.total_micros is not None and op.total_micros < 0:
+        return _refuse(key, INVALID, f"final charge of {op.total_micros} µ$", "charge zero or more"), []
+    if op.total_micros is not None and op.total_micros < hold.charged_micros:
+        # The ticks charged more than the run used: the difference goes back into the hold (and from
+        # there, with the rest, to the project's credits), so the run costs exactly its final charge.
+        back = hold.charged_micros - op.total_micros
+        hold.charged_micros = op.total_micros
+        result = Result(op_id=key, refunded_micros=back)
+        entries = [_entry(f"{key}:refund", spend_account(hold.job), hold_account(op.hold_id), back)]
+    else:
+        amount = op.amount_micros if op.total_micros is None else op.total_micros - hold.charged_micros
+        result, entries = _charge_from(state, op.hold_id, hold, amount, key)
+        if not result.ok:
+            return result, []
+    rest = held(state, op.hold_id) - result.charged_micros + result.refunded_micros
     result.released_micros = rest
     hold.usage = op.usage
     return result, [*entries, _resolve(state, op.hold_id, hold, "Captured", rest)]

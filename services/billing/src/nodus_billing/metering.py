@@ -321,7 +321,13 @@ def _capture(hold_id: str, usage: Usage) -> Planner:
         hold = state.holds.get(hold_id)
         if hold is None or hold.status != "Open":
             return None
-        return Capture(hold_id=hold_id, amount_micros=max(0, total - hold.charged_micros), usage=usage)
+        # total_micros makes the hold end at exactly the run's charge, ticks that ran ahead included.
+        return Capture(
+            hold_id=hold_id,
+            amount_micros=max(0, total - hold.charged_micros),
+            usage=usage,
+            total_micros=total,
+        )
 
     return plan
 

@@ -23,7 +23,7 @@ from nodus_billing.metering import Metering, Terms, now_ms
 from nodus_billing.quoting import serve_quotes
 from nodus_billing.serving import Holds, serve_accounts, serve_holds
 from nodus_kit.controlling import Controller, Key, Source
-from nodus_kit.leasing import Lease, run_as_leader
+from nodus_kit.leasing import Lease, run_as_leader, ttl_from
 from nodus_kit.messaging import Consumer, Delivery
 from nodus_kit.servicing import Service
 from nodus_kit.storing import Event
@@ -87,7 +87,7 @@ class BillingService(Service):
             await serve_holds(self.bus, Holds(self.books, self.metering)),
             *(await serve_accounts(self.bus, self.books, self._requeue_project)),
         ]
-        lease = Lease(self.bus, "billing", self.settings.replica, ttl_s=10)
+        lease = Lease(self.bus, "billing", self.settings.replica, ttl_s=ttl_from(self.settings.env))
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
 
     async def _lead(self) -> None:

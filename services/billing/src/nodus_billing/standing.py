@@ -99,6 +99,8 @@ class Result(Wire):
     overrun_micros: int = 0
     """Usage reported beyond the hold: not charged (Nodus absorbs it), and added to the Job's unbilled."""
     released_micros: int = 0
+    refunded_micros: int = 0
+    """What a capture gave back of the ticks, which charged more than the run's final charge."""
     expired: list[str] = msgspec.field(default_factory=list)
 
 

@@ -7,7 +7,7 @@ import contextlib
 import logging
 
 from nodus_kit.controlling import Controller, Source
-from nodus_kit.leasing import Lease, run_as_leader
+from nodus_kit.leasing import Lease, run_as_leader, ttl_from
 from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Service
 from nodus_scheduler.cataloging import load_catalog
@@ -57,7 +57,7 @@ class SchedulerService(Service):
         )
         await self.reports.start()
         self.estimates = await serve_estimates(self.bus, catalog)  # nodus.rpc.scheduler.estimate (ADR-031)
-        lease = Lease(self.bus, "scheduler", self.settings.replica, ttl_s=10)
+        lease = Lease(self.bus, "scheduler", self.settings.replica, ttl_s=ttl_from(self.settings.env))
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
         log.info(
             "scheduler up",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 from nodus_kit.controlling import Controller, Source
-from nodus_kit.leasing import Lease, run_as_leader
+from nodus_kit.leasing import Lease, run_as_leader, ttl_from
 from nodus_kit.servicing import Service
 from nodus_sweeps.reconciling import SweepReconciler
 
@@ -27,7 +27,7 @@ class SweepsService(Service):
             resync_s=float(self.settings.env.get("NODUS_RESYNC_S", "30")),
         )
         rec.cells.hook = lambda key: self.controller.queue.add(key)
-        lease = Lease(self.bus, "sweep-controller", self.settings.replica, ttl_s=10)
+        lease = Lease(self.bus, "sweep-controller", self.settings.replica, ttl_s=ttl_from(self.settings.env))
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
 
     async def _lead(self) -> None:
