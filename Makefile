@@ -29,7 +29,7 @@ venv: $(BIN)/.synced
 # Debian packages the real parts need: podman (Docker Engine API for the node agent's containers),
 # runc (crun cannot set rlimits in this sandbox) and a static busybox to build local test images.
 system-deps:
-	@missing=""; for p in podman runc busybox-static; do \
+	@missing=""; for p in podman runc busybox-static shellcheck; do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

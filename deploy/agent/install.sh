@@ -93,7 +93,7 @@ for w in "${WHEELS[@]}"; do
   [[ "$(basename "$w")" == nodus_agent-*.whl ]] || continue
   for lib in nodus_schema nodus_kit; do
     printf '%s\n' "${WHEELS[@]}" | grep -q "/${lib}-[^/]*\.whl$\|^${lib}-[^/]*\.whl$" && continue
-    sibling="$(ls -1 "$(dirname "$w")/${lib}"-*.whl 2>/dev/null | sort -V | tail -n 1 || true)"
+    sibling="$(find "$(dirname "$w")" -maxdepth 1 -name "${lib}-*.whl" 2>/dev/null | sort -V | tail -n 1 || true)"
     if [ -n "$sibling" ]; then
       note "wheel: using $sibling (beside the agent's wheel)"
       WHEELS+=("$sibling")
