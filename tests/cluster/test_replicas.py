@@ -276,6 +276,23 @@ async def _run(cluster: NatsCluster, procs: dict[str, Proc], port_a: int, port_b
             assert holder in procs and holder.startswith(short), f"{lease} held by {holder}"
             procs[holder].kill()
             killed.append(holder)
+        killed_at = asyncio.get_running_loop().time()
+        # The standbys take over within a lease period: the dead leader's lease expires a TTL after its
+        # last renewal (at most a third of a TTL before the kill), and a standby looks every quarter of
+        # a TTL; the rest of the bound is the server's one-second TTL granularity and a loaded machine.
+        for (_, _, lease), dead in zip(CONTROLLERS, killed, strict=True):
+
+            async def taken(lease: str = lease, dead: str = dead) -> str:
+                holder = await _holder(nc, lease)
+                assert holder != dead, f"{lease} still held by the killed {dead}"
+                return holder
+
+            await eventually(
+                taken, deadline_s=LEASE_TTL_S * 3, interval_s=0.05, message=f"{lease} not taken over"
+            )
+            took = asyncio.get_running_loop().time() - killed_at
+            print(f"{lease}: the standby leads {took:.1f} s after the leader was killed")
+            assert took <= LEASE_TTL_S + 2, f"{lease} failed over in {took:.1f} s, more than a lease period"
 
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port_b}", headers=headers, timeout=10) as b:
 
@@ -291,7 +308,7 @@ async def _run(cluster: NatsCluster, procs: dict[str, Proc], port_a: int, port_b
                 finished, deadline_s=180, interval_s=0.5, message="the Sweep never finished"
             )
 
-        # The standbys took over: each lease is now held by the other replica.
+        # The standbys still lead: nobody handed a lease back to a dead replica.
         for (_, _, lease), dead in zip(CONTROLLERS, killed, strict=True):
             assert await _holder(nc, lease) != dead, f"{lease} still names the killed {dead}"
         await _exactly_once(nc, creations, status)
