@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nodus_cli import commands, sweepresults
+from nodus_cli import commands, sweepresults, tailing
 from nodus_cli.client import BadCA, Client, Unreachable
 from nodus_cli.config import Config, load
 from nodus_cli.kinds import UnknownKind, resolve
@@ -27,6 +27,7 @@ examples:
   nodus credits grant 100.00 -n team-a
   nodus usage --month 2026-11 -o csv
   nodus invoice 2026-11
+  nodus tail 'nodus.report.>' --since 5m
 
 The gateway, token and CA come from --server/--token/--ca, NODUS_URL/NODUS_TOKEN/NODUS_CA, or
 .nodus/local.env (written by `make up`) in this directory or a parent."""
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _sweep_commands(sub, common)
     _billing_commands(sub, common)
+    tailing.add_parser(sub)
     return parser
 
 
@@ -200,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         # argparse exits on --help (0) and on usage errors (2, after printing the usage): return the code.
         return e.code if isinstance(e.code, int) else 2
+    if args.command == "tail":  # the bus, not the gateway: no gateway config or client
+        return tailing.run(args, os.environ, Path.cwd())
     config = load(
         server=args.server,
         token=args.token,

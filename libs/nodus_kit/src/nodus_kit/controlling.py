@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodus_kit import measuring
 from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.errors import NodusError
 from nodus_kit.queueing import ShutDown, WorkQueue
@@ -61,6 +62,8 @@ class Controller:
         self._stopping = asyncio.Event()
         self.reconciles = 0
         self.failures = 0
+        self.reconcile = measuring.metered_reconcile(self.name, self.reconcile)
+        measuring.watch_queue(self)
 
     async def run(self) -> None:
         """Run until :meth:`stop` (or cancellation); returns after in-flight reconciles finish.

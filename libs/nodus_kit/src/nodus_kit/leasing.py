@@ -19,6 +19,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js.errors import APIError, NotFoundError
 
+from nodus_kit import measuring
 from nodus_kit.cancelling import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -150,9 +151,11 @@ async def run_as_leader(
             continue
         log.info("lease acquired", extra={"lease": lease.name, "holder": lease.holder})
         task = asyncio.create_task(work(), name=f"leader:{lease.name}")
+        measuring.LEADER.labels(lease.name).set(1)
         try:
             await _hold(lease, task, stop, renew_every=lease.ttl_s / 3)
         finally:
+            measuring.LEADER.labels(lease.name).set(0)
             await cancel_and_wait([task])
         if stop.is_set():
             await lease.release()

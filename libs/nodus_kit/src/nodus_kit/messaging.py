@@ -28,7 +28,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, PubAck
 from nats.js.errors import NotFoundError
 
-from nodus_kit import errors, tracing
+from nodus_kit import errors, measuring, tracing
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,7 +99,7 @@ class Consumer(Generic[T]):
         self.js, self.stream, self.durable, self.subject = js, stream, durable, subject
         self.concurrent = concurrent
         self.decoder = msgspec.json.Decoder(typ)
-        self.handler = handler
+        self.handler = measuring.timed_handler(stream, durable, handler)
         self.max_deliver, self.batch, self.ack_wait_s = max_deliver, batch, ack_wait_s
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -164,6 +164,7 @@ class Consumer(Generic[T]):
             await self._retry(msg, attempt, backoff(attempt), f"{type(e).__name__}: {e}")
         else:
             await msg.ack()
+            measuring.consumed(self.stream, self.durable, "ack")
         finally:
             tracing._request_id.reset(token)
 
@@ -172,6 +173,7 @@ class Consumer(Generic[T]):
             await self._dead(msg, f"gave up after {attempt} deliveries: {reason}")
         else:
             await msg.nak(delay=delay)
+            measuring.consumed(self.stream, self.durable, "retry")
 
     async def _dead(self, msg: Msg, reason: str) -> None:
         headers = {**(msg.headers or {}), DEAD_REASON: reason[:1000], DEAD_SUBJECT: msg.subject}
@@ -180,6 +182,7 @@ class Consumer(Generic[T]):
         headers[MSG_ID] = f"dead:{self.stream}:{msg.metadata.sequence.stream}"
         await self.js.publish(f"nodus.dead.{self.stream}.{self.durable}", msg.data, headers=headers)
         await msg.term()
+        measuring.consumed(self.stream, self.durable, "dead")
         log.error("dead-lettered: %s", reason, extra={"consumer": self.durable, "subject": msg.subject})
 
     async def stop(self, grace_s: float = 3.0) -> None:
@@ -262,13 +265,17 @@ async def serve(
             ):
                 reply = await handler(decoder.decode(msg.data))
             await msg.respond(_encoder.encode(reply))
+            measuring.served(subject, "ok")
         except msgspec.DecodeError as e:
             await _respond_error(msg, "BadRequest", f"request does not decode: {e}")
+            measuring.served(subject, "BadRequest")
         except errors.NodusError as e:
             await _respond_error(msg, e.reason, str(e))
+            measuring.served(subject, e.reason)
         except Exception as e:
             log.exception("endpoint failed", extra={"subject": subject})
             await _respond_error(msg, "InternalError", f"{type(e).__name__}: {e}")
+            measuring.served(subject, "InternalError")
         finally:
             tracing._request_id.reset(token)
 

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from nats.aio.client import Client as NATS
 
-from nodus_kit import declaring, tracing
+from nodus_kit import declaring, measuring, tracing
 from nodus_kit.connecting import connect
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,8 @@ Check = Callable[[], Awaitable[bool]]
 
 
 class HealthServer:
-    """``GET /healthz`` (alive) and ``GET /readyz`` (every check passes): a tiny HTTP server on asyncio,
+    """``GET /healthz`` (alive), ``GET /readyz`` (every check passes) and ``GET /metrics`` (Prometheus,
+    nodus_kit.measuring): a tiny HTTP server on asyncio,
     so no web framework is needed in services that have no HTTP API of their own."""
 
     def __init__(self, host: str, port: int, checks: dict[str, Check]) -> None:
@@ -119,6 +120,13 @@ class HealthServer:
         try:
             line = (await asyncio.wait_for(reader.readline(), 5)).decode(errors="replace")
             path = line.split(" ")[1] if line.count(" ") >= 2 else "/"
+            if path.split("?")[0] == "/metrics":
+                # Read the request's headers first: closing a socket with unread input resets it, which
+                # can cut a body this size short on the scraper's side.
+                while (await asyncio.wait_for(reader.readline(), 5)).strip():
+                    pass
+                await _reply(writer, "200 OK", measuring.CONTENT_TYPE, measuring.exposition())
+                return
             results = {}
             if path.startswith("/readyz"):
                 for name, check in self.checks.items():
@@ -154,6 +162,15 @@ class HealthServer:
             await self._server.wait_closed()
 
 
+async def _reply(writer: asyncio.StreamWriter, status: str, content_type: str, body: bytes) -> None:
+    writer.write(
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: close\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+
+
 class Service:
     """Base of every Nodus service process. Subclasses set ``name`` and override ``start``/``stop``."""
 
@@ -187,6 +204,7 @@ class Service:
 
     async def run(self) -> None:
         self.nc = await connect(self.settings.nats_url, f"{self.name}:{self.settings.replica}")
+        measuring.track_bus(self.name, self.nc)
         await declaring.ensure(self.nc.jetstream(), replicas=self.settings.replicas)
         self.health = HealthServer(self.settings.health_host, self.settings.health_port, self.checks())
         port = await self.health.start()
@@ -212,6 +230,7 @@ class Service:
                 await asyncio.wait_for(self.nc.drain(), DRAIN_TIMEOUT_S)
             with contextlib.suppress(Exception):
                 await self.nc.close()
+            measuring.untrack_bus(self.nc)
 
 
 DRAIN_TIMEOUT_S = 3.0
@@ -259,4 +278,7 @@ def main(cls: type[Service]) -> None:
             loop.add_signal_handler(sig, service.stopping.set)
         await service.run()
 
-    asyncio.run(_run())
+    try:
+        asyncio.run(_run())
+    finally:
+        tracing.shutdown()  # the spans of the stop itself leave too, within a bounded time

@@ -27,7 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from nodus_kit import replying
+from nodus_kit import measuring, replying
 from nodus_kit.errors import AlreadyExists, Conflict, Expired, NotFound
 from nodus_kit.selecting import Selector
 from nodus_schema.meta import now_rfc3339
@@ -121,6 +121,7 @@ class ObjectStore(Generic[T]):
         self.typ = typ
         self._decoder = msgspec.json.Decoder(typ)
         self._encoder = msgspec.json.Encoder()
+        self._writes, self._conflicts = measuring.store_meters(bucket)
 
     # -- encoding -----------------------------------------------------------------------------------
     def _encode(self, obj: T) -> bytes:
@@ -260,8 +261,10 @@ class ObjectStore(Generic[T]):
             seq = await _js_publish(self.nc, self.prefix + key, data, headers, PUBLISH_TIMEOUT_S)
         except APIError as e:
             if e.err_code in WRONG_LAST_SEQUENCE:
+                self._conflicts.inc()
                 raise Conflict(f"{self.bucket} {key} changed since revision {last}") from e
             raise
+        self._writes[op].inc()
         return seq
 
     def _with_rv(self, obj: T, seq: int) -> T:

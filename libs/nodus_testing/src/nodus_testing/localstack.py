@@ -55,6 +55,8 @@ class Stack:
     root: Path
     agents: list[dict[str, str]] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables for every process of the stack, over this process's (e.g. an OTLP endpoint)."""
 
     @property
     def state_file(self) -> Path:
@@ -74,6 +76,7 @@ class Stack:
         gateway_port = free_port()
         base = {
             **os.environ,
+            **self.env,
             "NODUS_NATS_URL": nats.url,
             "NODUS_S3_ENDPOINT": s3.endpoint_url,
             "NODUS_S3_ACCESS_KEY": s3.access_key,

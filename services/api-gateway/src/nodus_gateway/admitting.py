@@ -8,7 +8,8 @@ moves metadata.generation on a spec change only.
 
 The rate ceiling annotation (``nodus.dev/rate-ceiling-micros-per-hour``, ADR-031) is the server's: a
 create sets it only when bound to a dry-run's estimate by ``If-Match`` (:func:`bind`), an update keeps the
-stored value, and a value a user sends is dropped.
+stored value, and a value a user sends is dropped. So is the trace annotation (``nodus.dev/traceparent``,
+ADR-0032), which the create path sets from the request's span.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from nodus_gateway import versions
 from nodus_gateway.estimating import COMPUTE_KINDS
 from nodus_gateway.resources import Resource
 from nodus_gateway.responding import ApiError, invalid
+from nodus_kit.tracing import TRACEPARENT_ANNOTATION, with_traceparent
 from nodus_schema import API_VERSION, CauseType, Decoded, FieldError, Job, Sweep, decode, to_builtins
 from nodus_schema.estimating import (
     RATE_CEILING_ANNOTATION,
@@ -293,8 +295,9 @@ def _kept_from(new: Any, old: Any) -> Any:
         deletion_grace_period_seconds=old.metadata.deletion_grace_period_seconds,
         generation=old.metadata.generation,
         managed_fields=old.metadata.managed_fields,
-        annotations=_with_ceiling(
-            new.metadata.annotations, old.metadata.annotations.get(RATE_CEILING_ANNOTATION)
+        annotations=with_traceparent(
+            _with_ceiling(new.metadata.annotations, old.metadata.annotations.get(RATE_CEILING_ANNOTATION)),
+            old.metadata.annotations.get(TRACEPARENT_ANNOTATION),
         ),
         self_link=None,
     )
@@ -348,7 +351,7 @@ def _server_owned(obj: Any, namespace: str | None) -> Any:
         generation=1,
         self_link=None,
         managed_fields=[],
-        annotations=_with_ceiling(obj.metadata.annotations, None),
+        annotations=with_traceparent(_with_ceiling(obj.metadata.annotations, None), None),
     )
     if "status" not in type(obj).__struct_fields__:
         return msgspec.structs.replace(obj, metadata=meta)

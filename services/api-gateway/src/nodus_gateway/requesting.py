@@ -7,6 +7,7 @@ whole request (logs carry it, the bus carries it on as ``Nodus-Request-Id``), re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -15,8 +16,9 @@ from typing import Final
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nodus_gateway.resources import RESOURCES
 from nodus_gateway.responding import status_response
-from nodus_kit import tracing
+from nodus_kit import measuring, tracing
 from nodus_schema import status_for
 
 log = logging.getLogger("nodus_gateway.requests")
@@ -24,12 +26,41 @@ log = logging.getLogger("nodus_gateway.requests")
 HEADER: Final = "X-Request-Id"
 # A caller's id is echoed into headers and logs: anything else than a short plain token is replaced.
 _ACCEPTABLE_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# The resource label of the request metrics: the API's plurals and billing's and admin's paths, so a
+# made-up path can never add a label value.
+_METER: Final = measuring.HttpMeter(
+    [*(r.plural for r in RESOURCES), "account", "usage", "invoices", "projects", "tokens"]
+)
 
 
 def request_id_from(value: str | None) -> str:
     if value and _ACCEPTABLE_ID.fullmatch(value):
         return value
     return tracing.new_request_id()
+
+
+_NO_SPAN: Final[contextlib.AbstractContextManager[object]] = contextlib.nullcontext()
+_NAMES: Final = re.compile(r"^(/apis/[^/]+/[^/]+)(/namespaces/[^/]+)?(/[^/]+)(/[^/]+)?")
+
+
+def route_of(path: str) -> str:
+    """A low-cardinality span name for ``path``: namespace and object names become placeholders."""
+    m = _NAMES.match(path)
+    if m is None:
+        return path
+    ns = "/namespaces/{namespace}" if m.group(2) else ""
+    name = "/{name}" if m.group(4) else ""
+    return f"{m.group(1)}{ns}{m.group(3)}{name}{path[m.end() :]}"
+
+
+def _span(scope: Scope, rid: str) -> contextlib.AbstractContextManager[object]:
+    """The request's server span: the root of the trace a create continues on its object (ADR-0032).
+    Nothing is built when tracing is off (the create path is measured against a bare route)."""
+    if not tracing.enabled():
+        return _NO_SPAN
+    method, path = scope["method"], scope["path"]
+    attributes = {"http.request.method": method, "url.path": path, "nodus.request_id": rid}
+    return tracing.server_span(f"{method} {route_of(path)}", Headers(scope=scope), attributes)
 
 
 class RequestContext:
@@ -53,10 +84,12 @@ class RequestContext:
             if message["type"] == "http.response.start":
                 started, code = True, int(message["status"])
                 MutableHeaders(scope=message)[HEADER] = rid
+                tracing.set_attributes({"http.response.status_code": code})
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            with _span(scope, rid):
+                await self.app(scope, receive, send_with_id)
         except Exception:
             # The traceback goes to the log under this request id, never to the caller.
             log.exception("unhandled error", extra={"method": scope["method"], "path": scope["path"]})
@@ -65,6 +98,7 @@ class RequestContext:
             status = status_for("InternalError", "the server failed unexpectedly; the error is logged")
             await status_response(status)(scope, receive, send_with_id)
         finally:
+            _METER.observe(scope["method"], scope["path"], code, time.perf_counter() - began)
             if log.isEnabledFor(logging.INFO):  # the line and its fields are built only when written
                 log.info(
                     "%s %s %d",

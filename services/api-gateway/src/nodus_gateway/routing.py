@@ -51,13 +51,14 @@ from nodus_gateway.admitting import (
 )
 from nodus_gateway.authorizing import authorize, visible_namespaces
 from nodus_gateway.deleting import delete_object, delete_options
-from nodus_gateway.estimating import ask, estimable, estimate_for
+from nodus_gateway.estimating import COMPUTE_KINDS, ask, estimable, estimate_for
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
 from nodus_gateway.resources import RESOURCES, Resource, Stores
 from nodus_gateway.responding import ApiError, already_exists, not_found, object_response, store_errors
 from nodus_gateway.selecting import FieldSelector, parse_field_selector
 from nodus_gateway.watching import WatchRequest, parse_resource_version, watch_response
 from nodus_kit import errors as kit
+from nodus_kit import tracing
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore, Page
 from nodus_schema import API_VERSION, ListMeta, status_for, to_builtins
@@ -418,12 +419,16 @@ class _Routes:
             raise _refusal(self.res, name, asked.estimate)
         return Estimated(Admitted(_with_estimate(obj, asked.estimate), admitted.warnings), {})
 
+    def _traced(self, obj: Any) -> Any:
+        """A Job or Sweep carries the trace of its create, which the controllers continue (ADR-0032)."""
+        return tracing.stamp(obj) if self.res.kind in COMPUTE_KINDS else obj
+
     async def _create(self, obj: Any, namespace: str) -> Any:
         tries = 1 if obj.metadata.name else _GENERATE_NAME_TRIES
         for attempt in range(tries):
             named = with_generated_name(obj)
             try:
-                return await self.store.create(named)
+                return await self.store.create(self._traced(named))
             except kit.AlreadyExists:
                 if attempt + 1 < tries:
                     continue
@@ -618,7 +623,7 @@ class _Routes:
         if opts.dry_run:
             return admitted_response(self.res, obj, admitted.warnings, 201, headers)
         try:
-            created = await self.store.create(obj)
+            created = await self.store.create(self._traced(obj))
         except kit.AlreadyExists:
             return None
         return admitted_response(self.res, created, admitted.warnings, 201, headers)

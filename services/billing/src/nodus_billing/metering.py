@@ -32,6 +32,7 @@ from nodus_billing.books import Books, Planner, Step
 from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
 from nodus_billing.segmenting import RUNNING, charged, epoch_ms, usage_ms, usage_of
 from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
+from nodus_kit import tracing
 from nodus_kit.errors import NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
@@ -112,6 +113,14 @@ class Metering:
             job: Job | None = await self.jobs.get(ns, name)
         except NotFound:
             job = None
+        if job is None:
+            return await self._reconcile(key, None, now)
+        # A child of the Job's create, whatever event or tick brought it here (ADR-0032).
+        with tracing.object_span("meter Job", job):
+            return await self._reconcile(key, job, now)
+
+    async def _reconcile(self, key: tuple[str, str], job: Job | None, now: int) -> float | None:
+        ns, name = key
         by_job = Selector.equals({JOB_LABEL: name})
         attempts = (await self.attempts.list(ns, selector=by_job)).items
         state = await self.books.read(ns)

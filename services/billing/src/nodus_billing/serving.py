@@ -18,7 +18,7 @@ from nodus_billing.books import Books
 from nodus_billing.holding import Grant, Op, PlaceHold, Revoke
 from nodus_billing.metering import Metering, job_ref, now_ms
 from nodus_billing.standing import State, available, month_of, project_held, room_for
-from nodus_kit import errors, messaging
+from nodus_kit import errors, measuring, messaging
 from nodus_kit.errors import NotFound
 from nodus_schema.billing import (
     ACCOUNT_SUBJECT,
@@ -107,8 +107,10 @@ class Holds:
                         rate_micros_per_hour=rate,
                     ),
                 )
+            measuring.BILLING_HOLDS.labels("refused", result.code or "Unknown").inc()
             return HoldReply(ok=False, code=result.code, message=result.message, fix=result.fix)
         hold = state.holds[req.attempt]
+        measuring.BILLING_HOLDS.labels("placed", "").inc()
         return HoldReply(ok=True, hold_micros=hold.reserved_micros, funded_until_ms=hold.funded_until_ms)
 
     async def _block(self, req: HoldRequest, block: Block) -> None:

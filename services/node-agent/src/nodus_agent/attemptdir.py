@@ -57,6 +57,8 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
     report: AttemptFinished | None = None
     reported: bool = False
     """The finish report was acknowledged by the stream; until then a restart publishes it again."""
+    traceparent: str | None = None
+    """The StartAttempt's trace context: reports sent after an agent restart stay in the run's trace."""
 
 
 _encoder = msgspec.json.Encoder()

@@ -25,6 +25,7 @@ from typing import Protocol
 from nats.js import JetStreamContext
 
 from nodus_agent.outbox import Outbox
+from nodus_kit import measuring
 from nodus_kit.messaging import backoff, publish
 from nodus_schema.messages import AttemptFinished, AttemptProgress, AttemptStarted
 
@@ -59,6 +60,7 @@ class Reporter:
         """AttemptStarted: durable in the outbox on return (or acknowledged, without one)."""
         msg = AttemptStarted(namespace=namespace, attempt=attempt, node=self.node, time=time)
         await self._send(msg, f"{namespace}/{attempt}:started", tries=8)
+        measuring.AGENT_ATTEMPTS_STARTED.inc()
 
     async def progress(self, namespace: str, attempt: str, n: int, units_per_second: str) -> bool:
         """AttemptProgress ``n``; False if it could not be journalled (or, without an outbox, sent).
@@ -84,6 +86,7 @@ class Reporter:
         # Without an outbox: many tries, since until this is acknowledged the attempt's record says
         # "unreported", and only an agent restart would send it again.
         await self._send(msg, f"{msg.namespace}/{msg.attempt}:finished", tries=12, delivered=delivered)
+        measuring.AGENT_ATTEMPTS_FINISHED.labels(msg.reason).inc()
 
     async def send(
         self, msg: AboutAttempt, msg_id: str, *, key: str | None = None, delivered: bool = False

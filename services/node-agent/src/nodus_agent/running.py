@@ -42,6 +42,7 @@ from nodus_agent.reporting import Reporter
 from nodus_agent.runtimes import Exit, Launch, LaunchError, ProcessRuntime, Running, Runtime
 from nodus_agent.settings import AgentSettings
 from nodus_agent.throughput import ReportTail, format_rate
+from nodus_kit import tracing
 from nodus_kit.errors import PermanentError
 from nodus_kit.messaging import Delivery
 from nodus_schema.attempts import CheckpointRecord, OutputRecord
@@ -153,6 +154,9 @@ class Runner:
     # -- entry points -------------------------------------------------------------------------------
     async def handle(self, delivery: Delivery[Assignment]) -> None:
         msg = delivery.data
+        tracing.set_attributes(
+            {"nodus.namespace": msg.namespace, "nodus.attempt": msg.attempt, "nodus.node": self.settings.node}
+        )
         self._check(msg)
         async with self._lock:
             if isinstance(msg, StartAttempt):
@@ -230,7 +234,11 @@ class Runner:
         # and reports Lost (or re-adopts the container) rather than running the program a second time.
         adir.save_start(msg)
         record = Record(
-            phase=STARTING, started=now_rfc3339(), started_epoch_ms=epoch_ms(), runtime=self.runtime.name
+            phase=STARTING,
+            started=now_rfc3339(),
+            started_epoch_ms=epoch_ms(),
+            runtime=self.runtime.name,
+            traceparent=tracing.current_traceparent(),
         )
         adir.save(record)
         began = time.monotonic()
@@ -427,6 +435,11 @@ class Runner:
     async def _settle(self, adir: AttemptDir, record: Record, msg: StartAttempt | None) -> None:
         """An attempt this agent is not watching but has a record of: finished, or an orphan (which the
         runtime re-adopts when it can watch it again, with the StartAttempt of a redelivery)."""
+        # In the trace of its StartAttempt, also after a restart: the reports it sends join the run's trace.
+        with tracing.continued(record.traceparent):
+            await self._settle_run(adir, record, msg)
+
+    async def _settle_run(self, adir: AttemptDir, record: Record, msg: StartAttempt | None) -> None:
         if record.phase == FINISHED:
             await self._publish_finished(adir, record)
             return

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from nodus_kit import measuring
 from nodus_kit.errors import AlreadyExists
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.caching import Cache, JobKey
@@ -172,6 +173,7 @@ class Binder:
                 choice = self.choose(demand.job, index, attempt_no)  # reserves the node(s) it chose
                 if isinstance(choice, str):
                     if self.unplaced.get(key) != choice:
+                        measuring.SCHEDULER_PLACEMENT_FAILURES.labels("Unschedulable").inc()
                         self.unplaced[key] = choice
                         self.on_bound(key)
                     break  # this Job waits; the next in line may fit what is left
@@ -201,6 +203,7 @@ class Binder:
         for key, job, unit in chosen:
             results = [next(created) for _ in unit]
             made = [r for r in results if isinstance(r, Attempt)]
+            measuring.SCHEDULER_ATTEMPTS_CREATED.inc(len(made))
             for stored_attempt in made:
                 self.cache.apply(stored_attempt)  # write-through: the store's view now holds the node busy
             for attempt, result in zip(unit, results, strict=True):
@@ -239,6 +242,9 @@ class Binder:
                 funded.append((key, job, unit))
                 continue
             why = answer if isinstance(answer, str) else f"could not ask billing for a hold: {answer}"
+            measuring.SCHEDULER_PLACEMENT_FAILURES.labels(
+                "Unfunded" if isinstance(answer, str) else "BillingUnavailable"
+            ).inc()
             for attempt in unit:
                 self.release(attempt.spec.node)
             self.unplaced[key] = why

@@ -49,7 +49,7 @@ from typing import Any, Final
 import msgspec
 from nats.aio.client import Client as NATS
 
-from nodus_kit import messaging
+from nodus_kit import messaging, tracing
 from nodus_kit.errors import NotFound, TemporaryError
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.binding import Binder, Choice, Demand
@@ -229,7 +229,7 @@ class Lifecycle:
         self.funding = FundingView(nc, enabled=funding)
         self.funding.on_change = self._requeue
         self.funding.retry = self._requeue
-        self.binder.fund = self.funding.hold
+        self.binder.fund = self._fund
         self.requeue: Callable[[JobKey], None] = lambda key: None
         """Set by the service: put a Job in the controller's work queue."""
         self.cache.hooks.append(self._on_change)
@@ -333,6 +333,11 @@ class Lifecycle:
             await self._stop(named, "JobDeleted")
             self.binder.drop(key)
             return None
+        # A child of the Job's create, whatever event or resync brought it here (ADR-0032).
+        with tracing.object_span("reconcile Job", job):
+            return await self._reconcile(key, job, named)
+
+    async def _reconcile(self, key: tuple[str, str], job: Job, named: list[Attempt]) -> float | None:
         uid = job.metadata.uid
         attempts = [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) == uid]
         # Leftovers of an earlier Job of the same name: stop them, never count them.
@@ -617,7 +622,22 @@ class Lifecycle:
             ),
         )
 
+    async def _fund(self, job: Job, attempts: tuple[Attempt, ...]) -> str | None:
+        """Billing's hold, asked in the Job's trace (the binder's pass serves every Job at once)."""
+        with tracing.object_span("fund", job, {"nodus.attempt": attempts[0].metadata.name}):
+            return await self.funding.hold(job, attempts)
+
     async def _assign(self, job: Job, attempt: Attempt) -> None:
+        """Publish the run's StartAttempt in the Job's trace: the agent's spans and reports join it."""
+        attributes = {
+            "nodus.attempt": attempt.metadata.name,
+            "nodus.index": attempt.spec.index,
+            "nodus.node": attempt.spec.node,
+        }
+        with tracing.object_span("assign", job, attributes):
+            await self._publish_start(job, attempt)
+
+    async def _publish_start(self, job: Job, attempt: Attempt) -> None:
         spec = job.spec
         left = _deadline_left(job, datetime.now(UTC))
         # The agent enforces what is left of the Job's timeout on this run (the Job's clock, not the run's).

@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as NATS
 
+from nodus_kit import measuring, tracing
 from nodus_kit.errors import AlreadyExists, Conflict, NotFound, TemporaryError
 from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.costs import Cost, CostSegments, Estimate
@@ -134,6 +135,11 @@ class SweepReconciler:
             self._forget(key)
             await self._collect(ns, name, self.cells.cells_of(key))
             return None
+        # A child of the Sweep's create, whatever event brought it here; its cells carry it on (ADR-0032).
+        with tracing.object_span("reconcile Sweep", sweep):
+            return await self._reconcile(key, sweep)
+
+    async def _reconcile(self, key: Key, sweep: Sweep) -> float | None:
         owned = self.cells.owned(key, sweep.metadata.uid)
         cells = self._cells(key, sweep)
         await self._propagate_state(sweep, owned)
@@ -201,8 +207,10 @@ class SweepReconciler:
                 continue
             try:
                 # Defaulted as a Job the gateway admitted would be (the GPU request of the cell included).
-                owned[cell.index] = await self.jobs.create(_bound(sweep, default_job(cell_job(sweep, cell))))
+                job = tracing.stamp(_bound(sweep, default_job(cell_job(sweep, cell))))
+                owned[cell.index] = await self.jobs.create(job)
                 self.cells.apply(owned[cell.index])  # write-through: the next pass counts it
+                measuring.SWEEP_CELLS_CREATED.inc()
                 log.info("cell created", extra={"sweep": sweep.metadata.name, "cell": cell.index})
             except AlreadyExists:
                 owned[cell.index] = await self.jobs.get(
