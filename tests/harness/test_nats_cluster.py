@@ -83,3 +83,28 @@ async def test_r3_buckets_keep_every_write_and_take_more_when_a_server_dies() ->
                 await back.close()
         finally:
             await nc.close()
+
+
+def test_replicas_follow_the_setting_else_the_cluster() -> None:
+    three = {"cluster": "nodus", "connect_urls": ["a:4222", "b:4222", "c:4222"]}
+    assert declaring.replicas_for(three, None) == 3
+    assert declaring.replicas_for(three, 1) == 1, "the setting wins"
+    assert declaring.replicas_for({"cluster": "nodus", "connect_urls": ["a:4222", "b:4222"]}, None) == 1
+    assert declaring.replicas_for({"connect_urls": []}, None) == 1, "a lone server"
+
+
+async def test_a_count_read_during_an_outage_never_lowers_r3_streams() -> None:
+    with NatsCluster(3) as cluster:
+        nc = await connect(cluster.url, "cluster-replicas")
+        try:
+            js = nc.jetstream()
+            assert declaring.replicas_for(nc._server_info, None) == 3
+            await declaring.ensure(js, replicas=3)
+            # A service restarted while a member is down may count two servers: it keeps R3.
+            await declaring.ensure(js, replicas=1, lower=False)
+            assert (await js.stream_info("KV_jobs")).config.num_replicas == 3
+            # An operator's explicit setting does lower them.
+            await declaring.ensure(js, replicas=1)
+            assert (await js.stream_info("KV_jobs")).config.num_replicas == 1
+        finally:
+            await nc.close()

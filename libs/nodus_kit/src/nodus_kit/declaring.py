@@ -8,8 +8,11 @@ same table for operators.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -147,25 +150,43 @@ def bucket(name: str) -> Bucket:
     raise KeyError(f"no bucket {name!r} is declared in nodus_kit.declaring.BUCKETS")
 
 
+def replicas_for(server_info: Mapping[str, Any], configured: int | None) -> int:
+    """How many replicas each stream gets: ``configured`` (``NODUS_STREAM_REPLICAS``) when set, else 3
+    on a cluster of three servers or more, else 1.
+
+    A clustered server's INFO names its cluster and lists the client URLs of every member it knows
+    (itself included), which is how a service started without the setting finds it is on a cluster."""
+    if configured is not None:
+        return configured
+    members = server_info.get("connect_urls") or []
+    return 3 if server_info.get("cluster") and len(members) >= 3 else 1
+
+
 async def ensure(
     js: JetStreamContext,
     buckets: tuple[Bucket, ...] = BUCKETS,
     streams: tuple[Stream, ...] = STREAMS,
     replicas: int = 1,
     deadline_s: float = 60.0,
+    *,
+    lower: bool = True,
 ) -> None:
     """Create or update every declared bucket and stream; safe to run concurrently and repeatedly.
 
     A cluster that has just started (or just lost a server) answers the JetStream API late or not at
     all for a few seconds while it elects leaders, and a service that declares its streams then must
-    not exit for it: a temporary failure is tried again, with a growing pause, for ``deadline_s``."""
+    not exit for it: a temporary failure is tried again, with a growing pause, for ``deadline_s``.
+
+    ``lower=False`` never takes replicas away from a stream that has more: for a count worked out from
+    the cluster (:func:`replicas_for`), which reads low while a member is down, and must not turn R3
+    streams into R1 because a service restarted during an outage."""
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
     for cfg in [b.config(replicas) for b in buckets] + [s.config(replicas) for s in streams]:
         pause = 0.1
         while True:
             try:
-                await _ensure_stream(js, cfg)
+                await _ensure_stream(js, cfg, lower=lower)
                 break
             except TEMPORARY as e:
                 if isinstance(e, APIError) and e.code not in (None, 408, 500, 503):
@@ -177,9 +198,12 @@ async def ensure(
                 pause = min(pause * 2, 2.0)
 
 
-async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig) -> None:
+async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig, *, lower: bool = True) -> None:
     try:
-        await js.stream_info(cfg.name or "")
+        info = await js.stream_info(cfg.name or "")
+        have = info.config.num_replicas or 1
+        if not lower and have > (cfg.num_replicas or 1):
+            cfg = dataclasses.replace(cfg, num_replicas=have)
     except NotFoundError:
         try:
             await js.add_stream(cfg)
