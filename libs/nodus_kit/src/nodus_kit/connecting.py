@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
@@ -10,10 +12,31 @@ from nats.aio.client import Client as NATS
 log = logging.getLogger(__name__)
 
 
-async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> NATS:
-    """Connect with unlimited reconnects; a service keeps running through a server restart."""
+async def connect(
+    url: str,
+    name: str,
+    *,
+    connect_timeout: float = 5.0,
+    nkey_seed: str | Path | None = None,
+    inbox_prefix: str | None = None,
+) -> NATS:
+    """Connect with unlimited reconnects; a service keeps running through a server restart.
+
+    ``nkey_seed``: the file holding this process's nkey seed (deploy/nats/, ADR-0026); its inbox prefix
+    then defaults to the only one its permissions let it subscribe to, ``_INBOX_<public key>``.
+    ``inbox_prefix``: replies come to ``<prefix>.>``. Both None: no credential, nats-py's ``_INBOX``."""
+    options: dict[str, Any] = {}
+    if nkey_seed is not None:
+        from nodus_kit import permitting
+
+        # Read here as well as by nats-py: a missing or broken seed fails the start with its path.
+        inbox_prefix = inbox_prefix or permitting.inbox_of_seed(nkey_seed)
+        options["nkeys_seed"] = str(nkey_seed)
+    if inbox_prefix is not None:
+        options["inbox_prefix"] = inbox_prefix
 
     async def on_error(e: Exception) -> None:
+        # A permissions violation lands here too: the server refused a publish or a subscription.
         log.warning("nats error: %s", e, extra={"service": name})
 
     async def on_disconnect() -> None:
@@ -34,4 +57,5 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> NATS:
         reconnected_cb=on_reconnect,
         # Buffer writes made while reconnecting (published once the connection is back).
         pending_size=64 * 1024 * 1024,
+        **options,
     )

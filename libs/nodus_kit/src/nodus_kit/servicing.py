@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from nats.aio.client import Client as NATS
 
-from nodus_kit import declaring, measuring, tracing
+from nodus_kit import declaring, measuring, permitting, tracing
 from nodus_kit.connecting import connect
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,9 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "json"
     replica: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    replicas: int = 1  # stream replicas when declaring (3 in a cluster)
+    replicas: int | None = None  # stream replicas when declaring; None: 3 on a cluster of 3+, else 1
     env: dict[str, str] = field(default_factory=dict)
+    nats_nkey_seed: str | None = None  # the process's nkey seed file (deploy/nats/, ADR-0026)
 
     @classmethod
     def from_env(cls, service: str, environ: dict[str, str] | None = None) -> Settings:
@@ -54,8 +55,9 @@ class Settings:
             log_level=e.get("NODUS_LOG_LEVEL", cls.log_level).upper(),
             log_format=e.get("NODUS_LOG_FORMAT", cls.log_format),
             replica=e.get("NODUS_REPLICA", f"{socket.gethostname()}-{os.getpid()}"),
-            replicas=int(e.get("NODUS_STREAM_REPLICAS", "1")),
+            replicas=int(e["NODUS_STREAM_REPLICAS"]) if e.get("NODUS_STREAM_REPLICAS") else None,
             env={k: v for k, v in e.items() if k.startswith("NODUS_")},
+            nats_nkey_seed=e.get("NODUS_NATS_NKEY_SEED") or None,
         )
 
 
@@ -203,9 +205,17 @@ class Service:
         return {"nats": bus_ok}
 
     async def run(self) -> None:
-        self.nc = await connect(self.settings.nats_url, f"{self.name}:{self.settings.replica}")
+        seed = self.settings.nats_nkey_seed
+        name = f"{self.name}:{self.settings.replica}"
+        self.nc = await connect(self.settings.nats_url, name, nkey_seed=seed)
         measuring.track_bus(self.name, self.nc)
-        await declaring.ensure(self.nc.jetstream(), replicas=self.settings.replicas)
+        if seed is None:
+            # Unset, the count comes from the cluster the server reports, and never lowers a stream's.
+            configured = self.settings.replicas
+            replicas = declaring.replicas_for(getattr(self.nc, "_server_info", {}), configured)
+            await declaring.ensure(self.nc.jetstream(), replicas=replicas, lower=configured is not None)
+        else:  # a credential may not declare: the admin bootstrap did (permitting.py, ADR-0026)
+            await permitting.await_declared(self.nc.jetstream(), self.name)
         self.health = HealthServer(self.settings.health_host, self.settings.health_port, self.checks())
         port = await self.health.start()
         await self.start()

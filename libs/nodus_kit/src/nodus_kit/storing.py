@@ -112,8 +112,12 @@ async def _js_publish(nc: NATS, subject: str, data: bytes, headers: dict[str, st
 class ObjectStore(Generic[T]):
     """Typed CRUD + list + watch over one bucket. Safe to share between tasks."""
 
-    def __init__(self, nc: NATS, bucket: str, typ: type[T]) -> None:
+    def __init__(self, nc: NATS, bucket: str, typ: type[T], *, direct_reads: bool | None = None) -> None:
+        """``direct_reads``: None reads a replicated bucket through its stream leader (see
+        :meth:`_get_last`); True always reads with a key-scoped direct get, for a credential allowed only
+        the keys it names (a node agent's, ADR-0026), accepting that a follower may answer a little late."""
         self.nc = nc
+        self.direct_reads = direct_reads
         self.js: JetStreamContext = nc.jetstream()
         self.bucket = bucket
         self.stream = f"KV_{bucket}"
@@ -158,7 +162,7 @@ class ObjectStore(Generic[T]):
         old value, or NotFound for an object just created (seen in tests/cluster: a create refused as
         AlreadyExists, then a get of it NotFound). So a stream with more than one replica is read through
         its leader (``$JS.API.STREAM.MSG.GET``), one with one replica directly."""
-        direct = await _direct_reads_are_current(self.nc, self.js, self.stream)
+        direct = self.direct_reads or await _direct_reads_are_current(self.nc, self.js, self.stream)
         return await self.js.get_msg(self.stream, subject=subject, direct=direct)
 
     # -- writes -------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodus_kit import permitting
 from nodus_testing import certs
 from nodus_testing.natsserver import NatsServer
 from nodus_testing.processes import free_port
@@ -55,6 +56,8 @@ class Stack:
     root: Path
     agents: list[dict[str, str]] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
+    credentials: bool = False
+    """Each process with its own nkey credential, the streams declared by the admin (ADR-0026)."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables for every process of the stack, over this process's (e.g. an OTLP endpoint)."""
 
@@ -68,8 +71,16 @@ class Stack:
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "logs").mkdir(exist_ok=True)
         tls = certs.ensure(self.root)
-        nats = NatsServer(store_dir=self._dir("nats"))
+        creds = None
+        if self.credentials:
+            nodes = [a.get("NODUS_AGENT_NODE", f"agent-{i}") for i, a in enumerate(self.agents)]
+            creds = permitting.generate(self._dir("nats-credentials"), nodes)
+        accounts = creds.accounts.read_text() if creds else ""
+        nats = NatsServer(store_dir=self._dir("nats"), extra_config=accounts)
         nats.start()
+        if creds is not None:  # services with a credential declare nothing: the bootstrap does, first
+            admin = ["--url", nats.url, "--seed", str(creds.seed("admin"))]
+            subprocess.run([sys.executable, "-m", "nodus_kit.permitting", "declare", *admin], check=True)
         s3 = SeaweedS3(data_dir=self._dir("s3"))
         s3.start()
         token = secrets.token_urlsafe(24)
@@ -94,6 +105,8 @@ class Stack:
                 # Every local project starts with credits, as a trial account would (0 in production).
                 env.setdefault("NODUS_STARTING_CREDITS_USD", "1000")
                 env.setdefault("NODUS_METER_TICK_S", "5")
+            if creds is not None:
+                env["NODUS_NATS_NKEY_SEED"] = str(creds.seed(short))
             self.procs.append(Proc(short, [sys.executable, "-m", module], env, free_port()))
         store = self._agent_store(s3)
         for i, extra in enumerate(self.agents):
@@ -105,6 +118,8 @@ class Stack:
                 **base,
                 **extra,
             }
+            if creds is not None:
+                env["NODUS_NATS_NKEY_SEED"] = str(creds.seed(f"agent-{name}"))
             self.procs.append(Proc(name, [sys.executable, "-m", "nodus_agent"], env, free_port()))
         for p in self.procs:
             self._spawn(p)

@@ -24,6 +24,7 @@ class NatsServer:
         tie_to_parent: bool = False,
         *,
         sync_always: bool = True,
+        extra_config: str = "",
     ) -> None:
         """``sync_always=False`` leaves fsync to nats-server's default cadence: only benchmarks use it, to
         show what the per-write fsync of the stack's setting costs."""
@@ -37,6 +38,7 @@ class NatsServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.binary = venv_bin("nats-server")
         self.sync_always = sync_always
+        self.extra_config = extra_config  # appended to the config file (accounts, for example)
 
     @property
     def url(self) -> str:
@@ -47,7 +49,8 @@ class NatsServer:
         conf = self.store_dir / "nats.conf"
         # sync_interval: always — Jepsen (2025) showed the default fsync cadence can lose acked writes.
         sync = "  sync_interval: always\n" if self.sync_always else ""
-        conf.write_text(f'jetstream {{\n  store_dir: "{self.store_dir / "js"}"\n{sync}}}\n')
+        jetstream = f'jetstream {{\n  store_dir: "{self.store_dir / "js"}"\n{sync}}}\n'
+        conf.write_text(jetstream + self.extra_config)
         cmd = [self.binary, "-a", "127.0.0.1", "-p", str(self.port), "-c", str(conf), "-l", str(self.log)]
         self.proc = spawn_server(cmd, self.store_dir / "nats.stdout", tie_to_parent=self.tie_to_parent)
         self._wait_ready(offset, deadline_s)

@@ -64,7 +64,12 @@ class AgentService(Service):
     async def start(self) -> None:
         self.agent, inventory = await asyncio.to_thread(resolve, self.agent)
         self.outbox = (await Outbox.open(outbox_dir(self.agent.workdir))).start(self.bus)
-        self.registration = Registration(ObjectStore(self.bus, "nodes", Node), self.agent, inventory)
+        # Every store of the agent reads with key-scoped direct gets: its credential may read only the
+        # keys it names (ADR-0026), and nothing it reads is needed the moment it was written (its own
+        # Node it writes by compare-and-set; the Jobs, Secrets and Connections a run names were written
+        # before the run was placed).
+        nodes = ObjectStore(self.bus, "nodes", Node, direct_reads=True)
+        self.registration = Registration(nodes, self.agent, inventory)
         await self.registration.register()
         self._heartbeat = asyncio.create_task(self.registration.heartbeat(), name="heartbeat")
         log.info(
@@ -102,7 +107,7 @@ class AgentService(Service):
         """retainAfterFinish, by one agent of the fleet at a time (retaining.py says why)."""
         assert toolkit.s3 is not None and toolkit.store is not None
         client, bucket = toolkit.s3, toolkit.store.bucket
-        jobs = ObjectStore(self.bus, "jobs", Job)
+        jobs = ObjectStore(self.bus, "jobs", Job, direct_reads=True)
         lease = Lease(self.bus, retaining.LEASE, holder=self.agent.node, ttl_s=30)
         await run_as_leader(lease, lambda: retaining.run(client, bucket, jobs), stop=self.stopping)
 
@@ -115,8 +120,8 @@ class AgentService(Service):
             client = await self._exits.enter_async_context(s3.client(store))
         return Toolkit(
             nc=self.bus,
-            secrets=ObjectStore(self.bus, "secrets", Secret),
-            connections=ObjectStore(self.bus, "connections", Connection),
+            secrets=ObjectStore(self.bus, "secrets", Secret, direct_reads=True),
+            connections=ObjectStore(self.bus, "connections", Connection, direct_reads=True),
             store=store,
             s3=client,
             inputs=inputs.InputSettings(

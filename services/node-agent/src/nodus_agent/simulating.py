@@ -531,7 +531,7 @@ class SimulatedFleet:
         self.on_fatal = on_fatal
         """Called when the fleet cannot go on (its journal cannot be written); it has stopped consuming."""
         self.js: JetStreamContext = nc.jetstream()
-        self.store = ObjectStore(nc, "nodes", Node)
+        self.store = ObjectStore(nc, "nodes", Node, direct_reads=True)  # key-scoped credential
         catalog = load_catalog(settings.catalog)
         shapes = [shape_of(o, catalog) for o in settings.offerings]
         self.nodes: dict[str, SimNode] = {}
