@@ -39,6 +39,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.accounting import fold
 from nodus_billing.books import Books
+from nodus_kit import permitting
 from nodus_kit.connecting import connect
 from nodus_kit.leasing import Lease
 from nodus_kit.storing import ObjectStore
@@ -137,7 +138,7 @@ class Creations:
                 await eventually(lambda: nc.is_connected, deadline_s=60, message="the observer lost the bus")
 
 
-def _stack(cluster: NatsCluster, logs: Path) -> tuple[list[Proc], list[int]]:
+def _stack(cluster: NatsCluster, logs: Path, creds: permitting.Generated) -> tuple[list[Proc], list[int]]:
     base = {
         "NODUS_NATS_URL": cluster.url,
         "NODUS_STREAM_REPLICAS": "3",
@@ -150,11 +151,11 @@ def _stack(cluster: NatsCluster, logs: Path) -> tuple[list[Proc], list[int]]:
     procs: list[Proc] = []
     for short, module, _ in CONTROLLERS:
         for r in ("a", "b"):
-            env = {**base, **(billing if short == "billing" else {})}
+            env = {**base, **(billing if short == "billing" else {}), **_seed(creds, short)}
             procs.append(Proc(f"{short}-{r}", [sys.executable, "-m", module], env, logs / f"{short}-{r}.log"))
     ports = [free_port(), free_port()]
     for r, port in zip(("a", "b"), ports, strict=True):
-        env = {**base, "NODUS_GATEWAY_PORT": str(port)}
+        env = {**base, "NODUS_GATEWAY_PORT": str(port), **_seed(creds, "gateway")}
         procs.append(
             Proc(f"gateway-{r}", [sys.executable, "-m", "nodus_gateway"], env, logs / f"gateway-{r}.log")
         )
@@ -176,8 +177,13 @@ def _stack(cluster: NatsCluster, logs: Path) -> tuple[list[Proc], list[int]]:
             "--workdir",
             str(logs / f"fleet-{f}"),
         ]
-        procs.append(Proc(f"fleet-{f}", argv, base, logs / f"fleet-{f}.log"))
+        procs.append(Proc(f"fleet-{f}", argv, {**base, **_seed(creds, "fleet")}, logs / f"fleet-{f}.log"))
     return procs, ports
+
+
+def _seed(creds: permitting.Generated, user: str) -> dict[str, str]:
+    """Each process on its own credential, as in production (deploy/nats/, ADR-0026)."""
+    return {"NODUS_NATS_NKEY_SEED": str(creds.seed(user))}
 
 
 SWEEP_BODY: dict[str, Any] = {
@@ -234,28 +240,38 @@ async def _holder(nc: NATS, lease: str) -> str:
 
 
 async def test_a_100_cell_sweep_survives_a_lost_server_and_every_active_controller(tmp_path: Path) -> None:
-    with NatsCluster(3, tmp_path / "nats") as cluster:
+    creds = permitting.generate(tmp_path / "credentials")
+    with NatsCluster(3, tmp_path / "nats", extra_config=creds.accounts.read_text()) as cluster:
+        # The admin declares every stream and bucket at R3 first; the services only wait for them.
+        await permitting.declare(cluster.url, creds.seed("admin"), replicas=3)
         logs = tmp_path / "logs"
         logs.mkdir()
-        procs, (port_a, port_b) = _stack(cluster, logs)
+        procs, (port_a, port_b) = _stack(cluster, logs, creds)
         by_name = {p.name: p for p in procs}
         with _running(procs):
             try:
-                await _run(cluster, by_name, port_a, port_b)
+                await _run(cluster, by_name, port_a, port_b, creds)
             except BaseException:
                 for p in procs:
                     print(f"--- {p.name}\n{p.tail()}")
                 raise
+        refused = [
+            p.name for p in procs if "permissions violation" in p.log.read_text(errors="replace").lower()
+        ]
+        assert refused == [], f"a credential lacked a right it used: see the logs of {refused}"
 
 
-async def _run(cluster: NatsCluster, procs: dict[str, Proc], port_a: int, port_b: int) -> None:
+async def _run(
+    cluster: NatsCluster, procs: dict[str, Proc], port_a: int, port_b: int, creds: permitting.Generated
+) -> None:
     await eventually(
         lambda: all(p.ready() for p in procs.values()),
         deadline_s=90,
         interval_s=0.2,
         message="not every replica became ready",
     )
-    nc = await connect(cluster.url, "replicas-test")
+    # The test looks on as an operator would (`nodus tail`'s credential: reads everything, writes nothing).
+    nc = await connect(cluster.url, "replicas-test", nkey_seed=str(creds.seed("operator")))
     creations = Creations()
     watching = asyncio.create_task(creations.follow(nc))
     headers = {"Authorization": f"Bearer {TOKEN}"}

@@ -45,7 +45,7 @@ class Member:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def config(self, routes: list[int], cluster_name: str) -> str:
+    def config(self, routes: list[int], cluster_name: str, extra: str = "") -> str:
         route_urls = ", ".join(f"nats-route://127.0.0.1:{p}" for p in routes if p != self.cluster_port)
         return (
             f"server_name: {self.name}\n"
@@ -54,6 +54,7 @@ class Member:
             f'jetstream {{\n  store_dir: "{self.root / "js"}"\n  sync_interval: always\n}}\n'
             f"cluster {{\n  name: {cluster_name}\n  listen: 127.0.0.1:{self.cluster_port}\n"
             f"  routes: [{route_urls}]\n}}\n"
+            f"{extra}"
         )
 
     def spawn(self, conf: str, tie_to_parent: bool) -> None:
@@ -75,8 +76,16 @@ class Member:
 
 class NatsCluster:
     def __init__(
-        self, size: int = 3, root: Path | None = None, *, name: str = "nodus", tie_to_parent: bool = True
+        self,
+        size: int = 3,
+        root: Path | None = None,
+        *,
+        name: str = "nodus",
+        tie_to_parent: bool = True,
+        extra_config: str = "",
     ) -> None:
+        """``extra_config`` is appended to every member's config (accounts and users, for example)."""
+        self.extra_config = extra_config
         self._tmp = None if root else tempfile.TemporaryDirectory(prefix="nodus-nats-cluster-")
         self.root = root or Path(self._tmp.name)  # type: ignore[union-attr]
         self.name = name
@@ -99,7 +108,7 @@ class NatsCluster:
 
     def start(self, deadline_s: float = 30.0) -> NatsCluster:
         for m in self.members:
-            m.spawn(m.config(self._routes(), self.name), self.tie_to_parent)
+            m.spawn(m.config(self._routes(), self.name, self.extra_config), self.tie_to_parent)
         self._wait(self.members, deadline_s, meta_leader=True)
         return self
 
@@ -110,7 +119,7 @@ class NatsCluster:
 
     def restart(self, member: Member, deadline_s: float = 30.0) -> None:
         self.kill(member)
-        member.spawn(member.config(self._routes(), self.name), self.tie_to_parent)
+        member.spawn(member.config(self._routes(), self.name, self.extra_config), self.tie_to_parent)
         self._wait([member], deadline_s, meta_leader=False)
 
     def _wait(self, members: list[Member], deadline_s: float, *, meta_leader: bool) -> None:
