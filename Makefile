@@ -29,7 +29,7 @@ venv: $(BIN)/.synced
 # Debian packages the real parts need: podman (Docker Engine API for the node agent's containers),
 # runc (crun cannot set rlimits in this sandbox) and a static busybox to build local test images.
 system-deps:
-	@missing=""; for p in podman runc busybox-static shellcheck; do \
+	@missing=""; for p in podman runc busybox-static shellcheck chromium chromium-driver fonts-dejavu-core; do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -41,7 +41,7 @@ system-deps:
 lint: venv
 	$(BIN)/ruff check libs services tests bench
 	$(BIN)/ruff format --check libs services tests bench
-	$(BIN)/mypy libs/nodus_schema/src libs/nodus_kit/src libs/nodus_testing/src libs/nodus_cli/src
+	$(BIN)/mypy libs/nodus_schema/src libs/nodus_kit/src libs/nodus_testing/src libs/nodus_cli/src libs/nodus_sdk/src
 	$(BIN)/lint-imports
 
 fmt: venv

@@ -188,7 +188,7 @@ async def test_unreadable_and_foreign_manifests(nodus: Cli, tmp_path: Path) -> N
 
 async def test_no_gateway_says_to_run_make_up(nodus: Cli) -> None:
     code, out, err = await nodus("get", "sweeps", server=f"http://127.0.0.1:{free_port()}")
-    assert code == 1 and out == ""
+    assert code == 4 and out == ""  # exit 4: the gateway cannot be reached (exiting.py)
     assert "the Nodus gateway is not running" in err and "make up" in err
 
 

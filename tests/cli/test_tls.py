@@ -61,7 +61,7 @@ async def test_an_untrusted_certificate_says_which_ca_to_pass(
     https_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = await run(capsys, "--server", https_url, "--token", TOKEN, "get", "sweeps")
-    assert code == 1 and out == ""
+    assert code == 4 and out == ""  # exit 4: no answer it can trust (exiting.py)
     assert "certificate is not trusted" in err and "--ca or NODUS_CA" in err
     assert "not running" not in err  # it answered: the certificate is the problem, not the gateway
 

@@ -3,23 +3,44 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nodus_cli import commands, sweepresults, tailing
+from nodus_cli import (
+    commands,
+    contexts,
+    estimating,
+    exiting,
+    logins,
+    offers,
+    patching,
+    sweepresults,
+    tailing,
+)
 from nodus_cli.client import BadCA, Client, Unreachable
 from nodus_cli.config import Config, load
-from nodus_cli.kinds import UnknownKind, resolve
+from nodus_cli.kinds import KINDS, UnknownKind, resolve
 from nodus_cli.reporting import unreachable_text
+from nodus_cli.requesting import PATCH_TYPES, Requests
+from nodus_sdk import ConfigError
 
-EPILOG = """\
+GET_OUTPUTS = ("table", "wide", "json", "yaml", "name")
+
+EPILOG = f"""\
 examples:
-  nodus apply -f sweep.yaml
-  nodus get sweeps
+  nodus login --server https://nodus.example.com --token $TOKEN --project team-a
+  nodus offers --gpu H100 --region us --max-rate 3
+  nodus estimate -f sweep.yaml
+  nodus apply -f sweep.yaml --wait
+  nodus get sweeps -o wide
+  nodus get jobs -w
   nodus get sweep lr-sweep --watch
   nodus describe sweep lr-sweep
+  nodus patch sweep lr-sweep -p '{{"spec": {{"maxParallel": 8}}}}'
   nodus logs lr-sweep-0 -f
   nodus delete sweep lr-sweep
   nodus sweep results lr-sweep --csv lr.csv --chart lr.png
@@ -29,8 +50,11 @@ examples:
   nodus invoice 2026-11
   nodus tail 'nodus.report.>' --since 5m
 
-The gateway, token and CA come from --server/--token/--ca, NODUS_URL/NODUS_TOKEN/NODUS_CA, or
-.nodus/local.env (written by `make up`) in this directory or a parent."""
+The gateway, token, CA and project come from --server/--token/--ca/-n, then NODUS_URL/NODUS_TOKEN/
+NODUS_CA, then the current context of the config file ($NODUS_CONFIG or ~/.config/nodus/config.yaml,
+written by `nodus login`), then .nodus/local.env (written by `make up`) in this directory or a parent.
+
+{exiting.TABLE}"""
 
 
 def _connection_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
@@ -66,13 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-f", "--filename", action="append", required=True, metavar="FILE", help="a file, or - for stdin"
     )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="then wait for each Sweep and Job to finish, showing its progress (exit 1 if one fails)",
+    )
 
+    kinds = ", ".join(k.plural for k in KINDS)
     p = sub.add_parser("get", parents=[common], help="list objects, or show one")
-    p.add_argument("kind", metavar="KIND", help="sweeps, jobs or budgets")
+    p.add_argument("kind", metavar="KIND", help=kinds)
     p.add_argument("name", metavar="NAME", nargs="?")
-    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.add_argument(
+        "-o", "--output", choices=GET_OUTPUTS, default="table", help="wide adds node, GPU, region, rate ..."
+    )
     p.add_argument("-l", "--selector", metavar="SELECTOR", help="a label selector, e.g. team=vision")
-    p.add_argument("-w", "--watch", action="store_true", help="redraw a Sweep until it finishes")
+    p.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help="keep the view current (Ctrl-C ends it, exit 0); one Sweep: until it ends (0 Succeeded, 1 not)",
+    )
 
     p = sub.add_parser("describe", parents=[common], help="show one object in detail")
     p.add_argument("kind", metavar="KIND")
@@ -81,6 +118,38 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("delete", parents=[common], help="delete one object")
     p.add_argument("kind", metavar="KIND")
     p.add_argument("name", metavar="NAME")
+
+    p = sub.add_parser("patch", parents=[common], help="change one object in place")
+    p.add_argument("kind", metavar="KIND")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("-p", "--patch", required=True, metavar="PATCH", help="the patch, as JSON or YAML")
+    p.add_argument(
+        "--type",
+        dest="patch_type",
+        choices=tuple(PATCH_TYPES),
+        default="merge",
+        help="merge (a partial object, the default), json (a list of RFC 6902 operations), strategic "
+        "(read as merge)",
+    )
+    p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+
+    p = sub.add_parser(
+        "estimate", parents=[common], help="the dry run: cost, rate, startup, holds, blocking reasons"
+    )
+    p.add_argument("-f", "--filename", action="append", required=True, metavar="FILE", help="a file, or -")
+    p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+
+    p = sub.add_parser("offers", parents=[common], help="the GPU offerings: variants, rates, regions")
+    p.add_argument("--gpu", metavar="GPU", help="a family (H100) or variant (H100-SXM-80G); H100:8 pins GPUs")
+    p.add_argument("--family", metavar="FAMILY", help="only this GPU family, e.g. A100")
+    p.add_argument("--region", metavar="REGION", help="only this region class, e.g. eu")
+    p.add_argument("--max-rate", metavar="USD", help="at most this rate per node-hour, e.g. 2.50")
+    p.add_argument(
+        "--interruptible",
+        action="store_true",
+        help="only offerings with interruptible capacity (--max-rate then compares that rate)",
+    )
+    p.add_argument("-o", "--output", choices=offers.OUTPUTS, default="table")
 
     p = sub.add_parser("logs", parents=[common], help="print the log of a Job (one index)")
     p.add_argument("name", metavar="JOB")
@@ -92,8 +161,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     _sweep_commands(sub, common)
     _billing_commands(sub, common)
+    _config_commands(sub, common)
     tailing.add_parser(sub)
     return parser
+
+
+def _config_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "login", parents=[common], help="save a server and token as a context of the config file"
+    )
+    p.add_argument("--project", metavar="PROJECT", help="the project (namespace) to work in by default")
+    p.add_argument("--name", dest="context", metavar="NAME", help="the context's name (default: host:port)")
+    p.add_argument(
+        "--no-verify", action="store_true", help="save without checking that the server takes the token"
+    )
+
+    p = sub.add_parser("config", parents=[common], help="view or change the config file's contexts")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser("view", parents=[common], help="print the config file (tokens redacted)")
+    a.add_argument("--raw", action="store_true", help="with the tokens")
+    a.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    a = actions.add_parser("use-context", parents=[common], help="make a context the current one")
+    a.add_argument("context", metavar="NAME")
+    a = actions.add_parser("set-project", parents=[common], help="set the current context's project")
+    a.add_argument("project", metavar="PROJECT")
+    actions.add_parser("current-context", parents=[common], help="print the current context's name")
 
 
 def _sweep_commands(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -144,9 +236,13 @@ def _billing_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", choices=("table", "csv", "json"), default="table")
 
 
-def _dispatch(args: argparse.Namespace, client: Client, config: Config) -> int:
+def _dispatch(args: argparse.Namespace, client: Client, api: Requests, config: Config) -> int:
     if args.command == "apply":
-        return commands.apply(client, config, args.filename)
+        return commands.apply(client, config, args.filename, wait=args.wait, api=api)
+    if args.command == "estimate":
+        return estimating.estimate(api, config, args.filename, output=args.output)
+    if args.command == "offers":
+        return _offers(args, api, config)
     billing = _dispatch_billing(args, client, config)
     if billing is not None:
         return billing
@@ -173,11 +269,31 @@ def _dispatch(args: argparse.Namespace, client: Client, config: Config) -> int:
     kind = resolve(args.kind)
     if args.command == "get":
         return commands.get(
-            client, config, kind, args.name, output=args.output, selector=args.selector, watch=args.watch
+            api, config, kind, args.name, output=args.output, selector=args.selector, watch=args.watch
         )
     if args.command == "describe":
-        return commands.describe(client, config, kind, args.name)
-    return commands.delete(client, config, kind, args.name)
+        return commands.describe(api, config, kind, args.name)
+    if args.command == "patch":
+        return patching.patch(
+            api, config, kind, args.name, args.patch, patch_type=args.patch_type, output=args.output
+        )
+    return commands.delete(api, config, kind, args.name)
+
+
+def _offers(args: argparse.Namespace, api: Requests, config: Config) -> int:
+    try:
+        max_rate = offers.parse_rate(args.max_rate) if args.max_rate is not None else None
+    except ValueError as e:
+        print(f"error: --max-rate: {e}", file=sys.stderr)
+        return exiting.USAGE
+    filters = offers.Filters(
+        gpu=args.gpu,
+        family=args.family,
+        region=args.region,
+        max_rate=max_rate,
+        interruptible=args.interruptible,
+    )
+    return offers.offers(api, config, filters, output=args.output)
 
 
 def _dispatch_billing(args: argparse.Namespace, client: Client, config: Config) -> int | None:
@@ -195,34 +311,70 @@ def _dispatch_billing(args: argparse.Namespace, client: Client, config: Config) 
     return None
 
 
+def connection(args: argparse.Namespace, environ: Mapping[str, str], cwd: Path) -> Config:
+    """Server, token, CA and namespace: flags, then the environment, then the config file's current
+    context, then .nodus/local.env. A context's token and CA go only to the context's own server, as
+    local.env's go only to the local stack's."""
+    ctx = contexts.read(environ).context()
+    server, token, ca = args.server, args.token, args.ca
+    if ctx is not None and not server and not environ.get("NODUS_URL"):
+        server = ctx.server
+    target = (server or environ.get("NODUS_URL") or "").rstrip("/")
+    ours = ctx is not None and target == ctx.server.rstrip("/")
+    if ctx is not None and ours:
+        token = token or (None if environ.get("NODUS_TOKEN") else ctx.token)
+        ca = ca or (None if environ.get("NODUS_CA") else ctx.ca)
+    config = load(server=server, token=token, namespace=args.namespace, environ=environ, cwd=cwd, ca=ca)
+    if ctx is not None and ours and args.namespace is None and ctx.project:
+        # The context's project is a default, like "default": a manifest's own namespace still wins.
+        config = dataclasses.replace(config, namespace=ctx.project)
+    return config
+
+
+def _guarded(work: Callable[[], int]) -> int:
+    """Run a command; what it did not handle becomes its message and exit code (exiting.py)."""
+    try:
+        return work()
+    except UnknownKind as e:
+        print(f"error: {e}\nfix: run `nodus get KIND` with one of the kinds listed", file=sys.stderr)
+        return exiting.FAILED
+    except BadCA as e:
+        print(f"error: {e}\nfix: pass a PEM file of CA certificates with --ca or NODUS_CA", file=sys.stderr)
+        return exiting.FAILED
+    except (contexts.ConfigFileError, ConfigError) as e:
+        print(
+            f"error: {e}\nfix: correct the file, or point NODUS_CONFIG at another one "
+            "(`nodus login` writes a new one)",
+            file=sys.stderr,
+        )
+        return exiting.FAILED
+    except Unreachable as e:
+        print(unreachable_text(e), file=sys.stderr)
+        return exiting.UNREACHABLE
+    except KeyboardInterrupt:
+        return exiting.INTERRUPTED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
         # argparse exits on --help (0) and on usage errors (2, after printing the usage): return the code.
-        return e.code if isinstance(e.code, int) else 2
+        return e.code if isinstance(e.code, int) else exiting.USAGE
     if args.command == "tail":  # the bus, not the gateway: no gateway config or client
         return tailing.run(args, os.environ, Path.cwd())
-    config = load(
-        server=args.server,
-        token=args.token,
-        namespace=args.namespace,
-        environ=os.environ,
-        cwd=Path.cwd(),
-        ca=args.ca,
-    )
-    try:
-        with Client(config.server, config.token, ca=config.ca) as client:
-            return _dispatch(args, client, config)
-    except (UnknownKind, BadCA) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except Unreachable as e:
-        print(unreachable_text(e), file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+    if args.command == "login":
+        return _guarded(lambda: logins.login(args, os.environ))
+    if args.command == "config":
+        return _guarded(lambda: logins.config_command(args, os.environ))
+
+    def work() -> int:
+        config = connection(args, os.environ, Path.cwd())
+        with Client(config.server, config.token, ca=config.ca) as client, Requests(config) as api:
+            return _dispatch(args, client, api, config)
+
+    return _guarded(work)
 
 
 def run() -> None:

@@ -1,40 +1,32 @@
 """The commands: apply, get, describe, delete, logs; account, credits, usage, invoice. Each returns an exit
-code and prints to stdout/stderr."""
+code (exiting.py) and prints to stdout/stderr."""
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final
 
 import msgspec
 import yaml
 
-from nodus_cli import manifests
+from nodus_cli import exiting, manifests, printing, waiting, watching
 from nodus_cli.client import ApiError, Client
 from nodus_cli.config import Config
 from nodus_cli.describing import describe_budget, describe_job, describe_sweep
-from nodus_cli.kinds import BUDGET, JOB, KINDS, SWEEP, Kind, by_manifest_kind
+from nodus_cli.kinds import BUDGET, COMPUTE_KINDS, JOB, KINDS, SWEEP, Kind, by_manifest_kind
 from nodus_cli.reporting import status_text
-from nodus_cli.tables import (
-    account_view,
-    budgets_table,
-    invoice_table,
-    jobs_table,
-    sweep_view,
-    sweeps_table,
-    usage_table,
-)
-from nodus_schema import TERMINAL_PHASES, Sweep, decode, to_builtins
+from nodus_cli.requesting import Requests
+from nodus_cli.tables import account_view, invoice_table, sweep_view, usage_table
+from nodus_schema import decode, to_builtins
 from nodus_schema.billing import Account, Invoice, UsageList
 from nodus_schema.defaulting import default_job, default_sweep
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 
-WATCH_INTERVAL_S: Final = 1.0
-CLEAR_SCREEN: Final = "\x1b[H\x1b[2J"
+WATCH_INTERVAL_S: float = 1.0
+"""``get -w`` of a kind the gateway does not watch (secrets, nodes, offerings) lists it this often."""
 
 
 def _out(text: str) -> None:
@@ -50,21 +42,11 @@ def _typed(kind: Kind, raw: dict[str, Any]) -> Any:
     return msgspec.convert(raw, kind.object_type)
 
 
-# How each kind prints: a list, and one object (a Sweep's own view has its cells).
-LIST_VIEWS: Final[dict[str, Callable[[Sequence[Any]], str]]] = {
-    SWEEP.kind: sweeps_table,
-    JOB.kind: jobs_table,
-    BUDGET.kind: budgets_table,
-}
 DESCRIBE: Final[dict[str, Callable[[Any], str]]] = {
     SWEEP.kind: describe_sweep,
     JOB.kind: describe_job,
     BUDGET.kind: describe_budget,
 }
-
-
-def _one_view(kind: Kind, obj: Any) -> str:
-    return sweep_view(obj) if kind is SWEEP else LIST_VIEWS[kind.kind]([obj])
 
 
 def _defaulted(kind: Kind, obj: Any) -> Any:
@@ -81,46 +63,69 @@ def _defaulted(kind: Kind, obj: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def apply(client: Client, config: Config, files: list[str]) -> int:
-    """Create every object in the files; an existing one is "unchanged" when its spec is the same."""
+Applied = tuple[Kind, str, str]
+"""What apply created or found unchanged: kind, namespace, name."""
+
+
+def apply(
+    client: Client, config: Config, files: list[str], *, wait: bool = False, api: Requests | None = None
+) -> int:
+    """Create every object in the files; an existing one is "unchanged" when its spec is the same. With
+    ``wait`` (and ``api``), then wait for each Sweep and Job to finish, showing its progress."""
     docs: list[manifests.Document] = []
     for path in files:
         try:
             docs += manifests.load(path)
         except manifests.ManifestError as e:
-            _err(f"error: {e}")
-            return 1
+            _err(f"error: {e}\n{manifests.FIX}")
+            return exiting.FAILED
     failed = 0
+    applied: list[Applied] = []
     for doc in docs:
-        if not _apply_one(client, config, doc):
+        done = _apply_one(client, config, doc)
+        if done is None:
             failed += 1
-    return 1 if failed else 0
+        else:
+            applied.append(done)
+    if wait and api is not None:
+        for kind, namespace, name in applied:
+            if kind in COMPUTE_KINDS and waiting.wait(api, kind, namespace, name) != exiting.OK:
+                failed += 1
+    return exiting.FAILED if failed else exiting.OK
 
 
-def _apply_one(client: Client, config: Config, doc: manifests.Document) -> bool:
+def _apply_one(client: Client, config: Config, doc: manifests.Document) -> Applied | None:
     kind = by_manifest_kind(doc.data.get("kind"))
     if kind is None:
-        known = ", ".join(k.kind for k in KINDS)
+        known = ", ".join(k.kind for k in KINDS if k.writable)
         _err(f'error: {doc.source}: kind "{doc.data.get("kind")}" is not a Nodus kind ({known})')
-        return False
+        return None
+    if not kind.writable:
+        _err(
+            f"error: {doc.source}: {kind.plural} are written by Nodus' services, not applied\n"
+            f"fix: read them with `nodus get {kind.plural}`; apply Sweeps and Jobs instead"
+        )
+        return None
     metadata = doc.data.get("metadata")
     meta: dict[str, Any] = metadata if isinstance(metadata, dict) else {}
     namespace = meta.get("namespace") or config.namespace
     if config.namespace_given and meta.get("namespace") not in (None, config.namespace):
         _err(
             f'error: {doc.source}: the namespace in the file ("{meta["namespace"]}") does not match '
-            f"-n {config.namespace}; drop one of them"
+            f"-n {config.namespace}\nfix: drop one of them"
         )
-        return False
+        return None
     try:
         created = client.create(kind.plural, namespace, doc.data)
     except ApiError as e:
         if e.reason == "AlreadyExists" and meta.get("name"):
-            return _already_there(client, kind, namespace, meta["name"], doc)
+            same = _already_there(client, kind, namespace, meta["name"], doc)
+            return (kind, namespace, meta["name"]) if same else None
         _err(status_text(e.status))
-        return False
-    _out(f"{kind.ref(created['metadata']['name'])} created")
-    return True
+        return None
+    name = created["metadata"]["name"]
+    _out(f"{kind.ref(name)} created")
+    return (kind, namespace, name)
 
 
 def _already_there(client: Client, kind: Kind, namespace: str, name: str, doc: manifests.Document) -> bool:
@@ -136,8 +141,9 @@ def _already_there(client: Client, kind: Kind, namespace: str, name: str, doc: m
         return True
     _err(
         f"error: {kind.ref(name)} already exists with a different spec and was not changed: updates "
-        "come with the full API. To replace it, delete it first: "
-        f"nodus delete {kind.singular} {name} -n {namespace}"
+        "come with the full API.\n"
+        f"fix: change it with `nodus patch {kind.singular} {name} -n {namespace} -p '{{\"spec\": ...}}'`, "
+        f"or replace it: `nodus delete {kind.singular} {name} -n {namespace}`, then apply again"
     )
     return False
 
@@ -148,7 +154,7 @@ def _already_there(client: Client, kind: Kind, namespace: str, name: str, doc: m
 
 
 def get(
-    client: Client,
+    api: Requests,
     config: Config,
     kind: Kind,
     name: str | None,
@@ -157,67 +163,114 @@ def get(
     selector: str | None,
     watch: bool,
 ) -> int:
-    ns = config.namespace
+    """List the objects of a kind, or show one; with ``watch``, keep the view current (watching.py)."""
     if watch:
-        if kind is not SWEEP or not name:
-            _err("error: --watch follows one Sweep: nodus get sweep NAME --watch")
-            return 1
-        return _watch_sweep(client, ns, name)
+        return _watch(api, config, kind, name, output=output, selector=selector)
+    ns = config.namespace
     try:
-        raw = client.get(kind.plural, ns, name) if name else client.list(kind.plural, ns, selector=selector)
+        if name:
+            raw = api.get(kind, ns, name)
+        else:
+            raw = api.list(kind, ns, {"labelSelector": selector} if selector else None)
     except ApiError as e:
         _err(status_text(e.status))
-        return 1
-    if output == "json":
-        _out(json.dumps(raw, indent=2))
-    elif output == "yaml":
-        _out(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True).rstrip())
-    elif name:
-        _out(_one_view(kind, _typed(kind, raw)))
+        return exiting.FAILED
+    if output in ("json", "yaml"):
+        _out(_dumped(raw, output))
+        return exiting.OK
+    objects = [_typed(kind, raw)] if name else [_typed(kind, item) for item in raw.get("items", [])]
+    if not objects:
+        where = f" in {ns} namespace" if kind.namespaced else ""
+        _err(f"No {kind.plural} found{where}.")
+    elif output == "name":
+        _out(printing.names(kind, objects))
+    elif name and kind is SWEEP and output == "table":
+        _out(sweep_view(objects[0]))
     else:
-        items = [_typed(kind, item) for item in raw.get("items", [])]
-        if not items:
-            _err(f"No {kind.plural} found in {ns} namespace.")
+        _out(printing.list_table(kind, objects, wide=output == "wide"))
+    return exiting.OK
+
+
+def _dumped(raw: dict[str, Any], output: str) -> str:
+    if output == "json":
+        return json.dumps(raw, indent=2)
+    return yaml.safe_dump(raw, sort_keys=False, allow_unicode=True).rstrip()
+
+
+class SweepFrames:
+    """``get sweep NAME -w``: the Sweep's whole view (header, cells, best cells), redrawn in place on a
+    terminal; into a pipe or a file each frame that changed, after a blank line."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.screen = watching.Screen(sys.stdout)
+        self.last = ""
+
+    def apply(self, change: watching.Change) -> None:
+        if change.type not in ("ADDED", "MODIFIED"):
+            return
+        frame = sweep_view(_typed(SWEEP, change.obj))
+        if frame == self.last:
+            return
+        if self.tty:
+            self.screen.draw(frame)
         else:
-            _out(LIST_VIEWS[kind.kind](items))
-    return 0
+            _out(("\n" if self.last else "") + frame)
+        self.last = frame
 
 
-FINAL_COST_WAIT_S = 10.0
+class ObjectStream:
+    """``get -w -o json|yaml|name``: each object as it changes (JSON one a line, YAML documents, names)."""
+
+    def __init__(self, kind: Kind, output: str) -> None:
+        self.kind, self.output = kind, output
+
+    def apply(self, change: watching.Change) -> None:
+        if change.type not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        if self.output == "json":
+            _out(json.dumps(change.obj, separators=(",", ":")))
+        elif self.output == "yaml":
+            _out("---\n" + _dumped(change.obj, "yaml"))
+        else:
+            _out(self.kind.ref(change.key[1]))
 
 
-def _watch_sweep(client: Client, namespace: str, name: str) -> int:
-    """Redraw the Sweep every second until it reaches a terminal phase; then print it once more.
-
-    Polling: watch (a stream of changes) comes with the full API. On a terminal the screen is redrawn in
-    place; into a pipe or file only frames that changed are written, one after the other.
-    """
-    tty = sys.stdout.isatty()
-    last = ""
-    settle_until: float | None = None
-    while True:
-        try:
-            sweep: Sweep = _typed(SWEEP, client.get(SWEEP.plural, namespace, name))
-        except ApiError as e:
-            _err(status_text(e.status))
-            return 1
-        frame = sweep_view(sweep)
-        finished = sweep.status.phase in TERMINAL_PHASES
-        if finished and settle_until is None:
-            settle_until = time.monotonic() + FINAL_COST_WAIT_S
-        # The last charges post a moment after the last cell ends: wait (a bounded time) for the final cost.
-        final_cost = bool(sweep.status.cost and sweep.status.cost.final)
-        if finished and (final_cost or time.monotonic() >= (settle_until or 0)):
-            # Printed without clearing, so the final table stays on the screen and in the scrollback.
-            if tty or frame != last:
-                _out(frame)
-            return 0
-        if tty:
-            _out(CLEAR_SCREEN + frame)
-        elif frame != last:
-            _out(frame + "\n")
-        last = frame
-        time.sleep(WATCH_INTERVAL_S)
+def _watch(
+    api: Requests, config: Config, kind: Kind, name: str | None, *, output: str, selector: str | None
+) -> int:
+    """``get -w``: follow the objects until Ctrl-C (exit 0); one Sweep until it ends (0 if it Succeeded,
+    1 if it Failed or was Cancelled or deleted)."""
+    view: Any
+    if output in ("json", "yaml", "name"):
+        view = ObjectStream(kind, output)
+    elif kind is SWEEP and name and output == "table":
+        view = SweepFrames()
+    else:
+        view = watching.LiveTable(kind, wide=output == "wide")
+    ending = waiting.Ending(kind) if kind is SWEEP and name else None
+    timeout = ending.remaining if ending else (lambda: None)
+    try:
+        for change in watching.changes(
+            api,
+            kind,
+            config.namespace,
+            name=name,
+            selector=selector,
+            timeout_s=timeout,
+            poll_s=WATCH_INTERVAL_S,
+        ):
+            view.apply(change)
+            if ending is not None and ending.update(change) is not None:
+                if ending.deleted:
+                    _err(f"{kind.ref(name or '')} was deleted")
+                return ending.code or exiting.OK
+    except KeyboardInterrupt:
+        return exiting.OK  # Ctrl-C is how a watch ends
+    except ApiError as e:
+        _err(status_text(e.status))
+        return exiting.FAILED
+    return exiting.OK
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -225,25 +278,27 @@ def _watch_sweep(client: Client, namespace: str, name: str) -> int:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def describe(client: Client, config: Config, kind: Kind, name: str) -> int:
+def describe(api: Requests, config: Config, kind: Kind, name: str) -> int:
     try:
-        raw = client.get(kind.plural, config.namespace, name)
+        raw = api.get(kind, config.namespace, name)
     except ApiError as e:
         _err(status_text(e.status))
-        return 1
-    _out(DESCRIBE[kind.kind](_typed(kind, raw)))
-    return 0
+        return exiting.FAILED
+    view = DESCRIBE.get(kind.kind)
+    # Kinds without a view of their own (Nodes, Offerings, Attempts ...) print as YAML, the whole object.
+    _out(view(_typed(kind, raw)) if view else _dumped(raw, "yaml"))
+    return exiting.OK
 
 
-def delete(client: Client, config: Config, kind: Kind, name: str) -> int:
+def delete(api: Requests, config: Config, kind: Kind, name: str) -> int:
     try:
-        client.delete(kind.plural, config.namespace, name)
+        api.call("DELETE", api.path(kind, config.namespace, name))
     except ApiError as e:
         _err(status_text(e.status))
-        return 1
+        return exiting.FAILED
     cells = " (its cell Jobs go with it)" if kind is SWEEP else ""
     _out(f"{kind.ref(name)} deleted{cells}")
-    return 0
+    return exiting.OK
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The kinds the CLI knows, and the names people type for them (``sweep``, ``sweeps``, ``sw``, ``Sweep``).
 
 A static table rather than API discovery: the CLI prints each kind its own way (a Sweep's cells, a Job's
-completions, a Budget's month), so a kind it has no view for would not print well anyway.
+completions, a Budget's month), so a kind it has no view for would not print well anyway. ``watchable``
+says whether the gateway serves ``?watch=true`` for it; ``get -w`` polls the others.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodus_schema import API_GROUP, Job, Sweep
+from nodus_schema.attempts import Attempt
 from nodus_schema.billing import Budget
+from nodus_schema.configs import Connection, Secret
+from nodus_schema.nodes import Node
+from nodus_schema.offerings import Offering
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +25,12 @@ class Kind:
     plural: str
     object_type: type[Any]
     short_names: tuple[str, ...] = ()
+    namespaced: bool = True
+    """False: cluster-scoped (``/apis/nodus.dev/v1/<plural>``), -n does not apply."""
+    watchable: bool = True
+    """Whether the gateway serves a watch of it (secrets: no; the cluster-scoped catalog: not yet)."""
+    writable: bool = True
+    """False: services write it (Attempts, Nodes, Offerings); the API only reads it."""
 
     def ref(self, name: str) -> str:
         """``sweep.nodus.dev/lr``: how kubectl names an object in what it prints."""
@@ -29,7 +40,16 @@ class Kind:
 SWEEP = Kind("Sweep", "sweep", "sweeps", Sweep, ("sw",))
 JOB = Kind("Job", "job", "jobs", Job)
 BUDGET = Kind("Budget", "budget", "budgets", Budget, ("bud",))
-KINDS: tuple[Kind, ...] = (SWEEP, JOB, BUDGET)
+ATTEMPT = Kind("Attempt", "attempt", "attempts", Attempt, ("at",), writable=False)
+CONNECTION = Kind("Connection", "connection", "connections", Connection, ("conn",))
+SECRET = Kind("Secret", "secret", "secrets", Secret, watchable=False)
+NODE = Kind("Node", "node", "nodes", Node, ("no",), namespaced=False, watchable=False, writable=False)
+OFFERING = Kind(
+    "Offering", "offering", "offerings", Offering, ("of",), namespaced=False, watchable=False, writable=False
+)
+KINDS: tuple[Kind, ...] = (SWEEP, JOB, BUDGET, ATTEMPT, CONNECTION, SECRET, NODE, OFFERING)
+COMPUTE_KINDS: tuple[Kind, ...] = (SWEEP, JOB)
+"""The kinds with a spec to estimate and a run to wait for."""
 
 
 class UnknownKind(ValueError):

@@ -11,6 +11,11 @@ from typing import Any
 
 import yaml
 
+FIX = (
+    "fix: pass YAML or JSON files (- for stdin) of Nodus objects, each with apiVersion: nodus.dev/v1, kind, "
+    "metadata.name and spec; `nodus apply --help` has examples"
+)
+
 
 class ManifestError(Exception):
     pass

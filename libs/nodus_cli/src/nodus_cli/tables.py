@@ -8,13 +8,12 @@ from decimal import Decimal
 
 from nodus_schema import (
     TERMINAL_PHASES,
-    Job,
     Sweep,
     SweepCell,
     format_gpu,
     parse_time,
 )
-from nodus_schema.billing import Account, Budget, Invoice, UsageList
+from nodus_schema.billing import Account, Invoice, UsageList
 from nodus_schema.gpus import GPURequest, has_string_form
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.validating import count_cells
@@ -163,69 +162,14 @@ def sweep_view(sweep: Sweep) -> str:
     return "\n".join(parts)
 
 
-def sweeps_table(sweeps: Sequence[Sweep]) -> str:
-    rows = []
-    for s in sweeps:
-        done, total = cells_done(s)
-        best = s.status.best
-        rows.append(
-            [
-                s.metadata.name or NONE,
-                phase_text(s.status.phase, s.status.reason),
-                f"{done}/{total}",
-                spent(s),
-                f"#{best.by_cost}" if best and best.by_cost is not None else NONE,
-                age(s.metadata.creation_timestamp),
-            ]
-        )
-    return table(("NAME", "PHASE", "CELLS", "SPENT", "BEST", "AGE"), rows)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Jobs
 # ---------------------------------------------------------------------------------------------------------
 
 
-def jobs_table(jobs: Sequence[Job]) -> str:
-    rows = []
-    for j in jobs:
-        st = j.status
-        resources = j.spec.resources
-        rows.append(
-            [
-                j.metadata.name or NONE,
-                phase_text(st.phase, st.reason),
-                gpu_text(resources.gpu if resources else None),
-                f"{st.succeeded or 0}/{j.spec.completions or 1}",
-                wall(st.wall_seconds),
-                st.units_per_second or NONE,
-                usd(st.cost.total_usd if st.cost else None),
-                age(j.metadata.creation_timestamp),
-            ]
-        )
-    return table(("NAME", "PHASE", "GPU", "COMPLETIONS", "WALL", "UNITS/S", "COST", "AGE"), rows)
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Budgets, the account, usage and invoices (issue #7)
 # ---------------------------------------------------------------------------------------------------------
-
-
-def budgets_table(budgets: Sequence[Budget]) -> str:
-    rows = []
-    for b in budgets:
-        st = b.status
-        rows.append(
-            [
-                b.metadata.name or NONE,
-                usd(b.spec.monthly_usd),
-                usd(st.used_usd),
-                st.month or NONE,
-                ", ".join(f"{k}={v}" for k, v in sorted(b.spec.selector.items())) or "(every Job)",
-                age(b.metadata.creation_timestamp),
-            ]
-        )
-    return table(("NAME", "MONTHLY", "USED", "MONTH", "SELECTOR", "AGE"), rows)
 
 
 def account_view(account: Account) -> str:

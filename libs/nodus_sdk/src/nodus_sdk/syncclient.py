@@ -1,0 +1,524 @@
+"""The synchronous client: ``Client().sweeps.get("lr")`` returns a :class:`nodus_schema.Sweep`.
+
+Every accessor builds its request with :mod:`nodus_sdk.resources` and :mod:`nodus_sdk.accessing`, the same
+calls the async client sends; this module only carries them over ``httpx.Client``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from typing import Any, Generic, TypeVar
+
+import httpx
+
+from nodus_schema import Job, Sweep
+from nodus_schema.access import Project
+from nodus_schema.attempts import Attempt
+from nodus_schema.billing import Account, Budget, Invoice, UsageList
+from nodus_schema.configs import Connection, Secret
+from nodus_schema.nodes import Node
+from nodus_schema.offerings import Offering
+from nodus_schema.results import SweepResults
+from nodus_sdk import accessing
+from nodus_sdk.accessing import Accessor, name_selector
+from nodus_sdk.configuring import Config, with_overrides
+from nodus_sdk.requesting import (
+    TIMEOUT_S,
+    Call,
+    Retry,
+    answer,
+    client_options,
+    error_of,
+    retry_after,
+    retryable,
+    unreachable,
+)
+from nodus_sdk.resources import (
+    ATTEMPTS,
+    BUDGETS,
+    CONNECTIONS,
+    JOBS,
+    NODES,
+    OFFERINGS,
+    PROJECTS,
+    SECRETS,
+    SWEEPS,
+    Estimated,
+    Kind,
+    Page,
+    PatchType,
+    kind_of,
+    name_of,
+    namespace_in,
+)
+from nodus_sdk.waiting import Condition, WaitTimeout
+from nodus_sdk.watching import Event, Expired, WatchState, gone, meta_rv, reconnectable, unread
+
+T = TypeVar("T")
+PAGE_SIZE = 500
+
+
+class Client:
+    """A client of the Nodus API. Settings come from :meth:`Config.load` unless ``config`` is given; the
+    keyword arguments override single settings (``Client(project="vision")``)."""
+
+    def __init__(
+        self,
+        config: Config | None = None,
+        *,
+        server: str | None = None,
+        token: str | None = None,
+        project: str | None = None,
+        ca: str | None = None,
+        timeout: float = TIMEOUT_S,
+        retry: Retry | None = None,
+        user_agent: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.config = with_overrides(config, server=server, token=token, project=project, ca=ca)
+        self.retry = retry or Retry()
+        self._http = httpx.Client(**client_options(self.config, timeout, user_agent), transport=transport)
+        p = self.config.project
+        self.sweeps: SweepResource = SweepResource(self, SWEEPS, p)
+        self.jobs: JobResource = JobResource(self, JOBS, p)
+        self.attempts: ReadResource[Attempt] = ReadResource(self, ATTEMPTS, p)
+        self.secrets: Resource[Secret] = Resource(self, SECRETS, p)
+        self.connections: Resource[Connection] = Resource(self, CONNECTIONS, p)
+        self.budgets: Resource[Budget] = Resource(self, BUDGETS, p)
+        self.nodes: ReadResource[Node] = ReadResource(self, NODES, p)
+        self.offerings: ReadResource[Offering] = ReadResource(self, OFFERINGS, p)
+        self.projects: Resource[Project] = Resource(self, PROJECTS, p)
+
+    @property
+    def project(self) -> str:
+        project: str = self.config.project
+        return project
+
+    @property
+    def server(self) -> str:
+        server: str = self.config.server
+        return server
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- sending -----------------------------------------------------------------------------------------
+    def send(self, call: Call[T]) -> T:
+        """Send one call; GETs are retried on connection errors and 503 (:class:`Retry`), writes never."""
+        delays = self.retry.delays() if call.idempotent else iter(())
+        while True:
+            try:
+                resp = self._http.request(call.method, call.path, **call.request_kwargs())
+            except httpx.TransportError as e:
+                delay = next(delays, None)
+                if delay is None:
+                    raise unreachable(self.server, e) from None
+                time.sleep(delay)
+                continue
+            if retryable(resp):
+                delay = next(delays, None)
+                if delay is not None:
+                    time.sleep(retry_after(resp, delay))
+                    continue
+            return answer(call, resp)
+
+    @contextmanager
+    def stream(self, call: Call[Any], *, read_timeout: float | None) -> Iterator[httpx.Response]:
+        """The response of ``call`` as it arrives (a log, a watch): raises its error when it is not a 2xx.
+        ``read_timeout`` None waits for data as long as it takes."""
+        timeout = httpx.Timeout(self._http.timeout.connect, read=read_timeout)
+        try:
+            with self._http.stream(call.method, call.path, timeout=timeout, **call.request_kwargs()) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    raise error_of(resp)
+                yield resp
+        except httpx.TransportError as e:
+            raise unreachable(self.server, e) from None
+
+    # -- project-level endpoints -------------------------------------------------------------------------
+    def account(self, *, project: str | None = None) -> Account:
+        return self.send(accessing.account(project or self.project))
+
+    def grant(
+        self,
+        amount_usd: str,
+        *,
+        project: str | None = None,
+        id: str | None = None,
+        revoke: bool = False,
+        note: str = "",
+    ) -> Account:
+        """Grant (or with ``revoke`` take back) credits, cluster admin only; the same ``id`` counts once."""
+        return self.send(
+            accessing.grant(project or self.project, amount_usd, id=id, revoke=revoke, note=note)
+        )
+
+    def usage(self, month: str | None = None, *, project: str | None = None) -> UsageList:
+        return self.send(accessing.usage(project or self.project, month))
+
+    def usage_csv(self, month: str | None = None, *, project: str | None = None) -> str:
+        return self.send(accessing.usage_csv(project or self.project, month))
+
+    def invoice(self, month: str, *, project: str | None = None) -> Invoice:
+        return self.send(accessing.invoice(project or self.project, month))
+
+    def invoice_csv(self, month: str, *, project: str | None = None) -> str:
+        return self.send(accessing.invoice_csv(project or self.project, month))
+
+    def results(self, sweep: Sweep | str, *, project: str | None = None) -> SweepResults:
+        """A Sweep's results: every cell with its cost per million units, the best cells marked."""
+        return self.sweeps.results(sweep, namespace=project)
+
+    def wait_for(self, obj: Any, condition: Condition, *, timeout: float | None = None) -> Any:
+        """Wait until ``condition(obj)`` holds for the object as the server has it (a Sweep, a Job, ...),
+        and return that state; :class:`WaitTimeout` after ``timeout`` seconds."""
+        kind = kind_of(obj)
+        return ReadResource(self, kind, self.project).wait_for(
+            name_of(obj), condition, namespace=namespace_in(obj), timeout=timeout
+        )
+
+
+class ReadResource(Generic[T]):
+    """get, list and watch of one kind."""
+
+    def __init__(self, client: Client, kind: Kind[T], project: str) -> None:
+        self._client = client
+        self._a = Accessor(kind, project)
+
+    @property
+    def kind(self) -> Kind[T]:
+        return self._a.kind
+
+    def get(self, name: str, *, namespace: str | None = None) -> T:
+        return self._client.send(self._a.calls.get(self._a.ns(namespace), name))
+
+    def list_page(
+        self,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_: str | None = None,
+    ) -> Page[T]:
+        """One page of the list (``limit`` objects at most); its ``continue_`` asks for the next."""
+        call = self._a.calls.list_page(
+            self._a.ns(namespace),
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=limit,
+            continue_=continue_,
+        )
+        return self._client.send(call)
+
+    def list(
+        self,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int = PAGE_SIZE,
+    ) -> Iterator[T]:
+        """Every object, page after page as the iteration goes on."""
+        token: str | None = None
+        while True:
+            page = self.list_page(
+                namespace=namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                limit=page_size,
+                continue_=token,
+            )
+            yield from page.items
+            token = page.continue_
+            if not token:
+                return
+
+    def watch(
+        self,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+        timeout: float | None = None,
+    ) -> Watch[T]:
+        """The changes, as :class:`~nodus_sdk.watching.Event` objects, from ``resource_version`` (default:
+        the current objects as ADDED first), resumed and relisted as :mod:`nodus_sdk.watching` says;
+        with ``timeout`` it ends after that many seconds."""
+        state = WatchState(
+            self._a.calls,
+            self._a.ns(namespace),
+            label_selector=label_selector,
+            field_selector=field_selector,
+            resource_version=resource_version,
+            timeout=timeout,
+        )
+        return Watch(self._client, state)
+
+    def wait_for(
+        self, name: str, condition: Condition, *, namespace: str | None = None, timeout: float | None = None
+    ) -> T:
+        """Wait until ``condition`` holds for the object ``name``; return it. :class:`WaitTimeout` after
+        ``timeout`` seconds, :class:`~nodus_sdk.errors.NotFound` if it is (or gets) deleted."""
+        last = self.get(name, namespace=namespace)  # NotFound at once when there is no such object
+        if condition(last):
+            return last
+        rv = meta_rv(last)
+        selector = name_selector(name)
+        with self.watch(
+            namespace=namespace, field_selector=selector, resource_version=rv, timeout=timeout
+        ) as w:
+            for event in w:
+                if event.type == "DELETED":
+                    raise gone(self.kind, name)
+                last = event.object
+                if condition(last):
+                    return last
+        raise WaitTimeout(f"{self.kind.kind} {name}", timeout or 0, last)
+
+
+class Resource(ReadResource[T]):
+    """Every verb of one kind."""
+
+    def get_status(self, name: str, *, namespace: str | None = None) -> T:
+        return self._client.send(self._a.calls.get_status(self._a.ns(namespace), name))
+
+    def create(
+        self,
+        obj: T | dict[str, Any],
+        *,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        if_match: str | None = None,
+        field_validation: str | None = None,
+    ) -> T:
+        """Create ``obj`` (a typed object or its dict); ``if_match`` binds it to a dry run's ETag."""
+        call = self._a.calls.create(
+            self._a.ns(namespace, obj),
+            obj,
+            dry_run=dry_run,
+            if_match=if_match,
+            field_validation=field_validation,
+        )
+        return self._client.send(call)
+
+    def estimate(self, obj: T | dict[str, Any], *, namespace: str | None = None) -> Estimated[T]:
+        """The dry run (``?dryRun=All``): the object with ``status.estimate``, and its ETag."""
+        return self._client.send(self._a.calls.estimate(self._a.ns(namespace, obj), obj))
+
+    def update(
+        self,
+        obj: T | dict[str, Any],
+        *,
+        namespace: str | None = None,
+        dry_run: bool = False,
+        field_validation: str | None = None,
+    ) -> T:
+        """Replace the object (PUT); its metadata.resourceVersion makes it a compare-and-set (Conflict)."""
+        call = self._a.calls.update(
+            self._a.ns(namespace, obj), obj, dry_run=dry_run, field_validation=field_validation
+        )
+        return self._client.send(call)
+
+    def patch(
+        self,
+        name: str,
+        patch: Any,
+        *,
+        type: PatchType = "merge",
+        namespace: str | None = None,
+        field_manager: str | None = None,
+        force: bool | None = None,
+        dry_run: bool = False,
+    ) -> T:
+        """Patch it: ``merge`` (RFC 7386), ``json`` (RFC 6902 operations), ``strategic`` (served as a merge
+        patch), or ``apply`` (server-side apply, with ``field_manager``)."""
+        call = self._a.calls.patch(
+            self._a.ns(namespace),
+            name,
+            patch,
+            type=type,
+            field_manager=field_manager,
+            force=force,
+            dry_run=dry_run,
+        )
+        return self._client.send(call)
+
+    def delete(
+        self,
+        name: str,
+        *,
+        namespace: str | None = None,
+        propagation_policy: str | None = None,
+        dry_run: bool = False,
+        resource_version: str | None = None,
+    ) -> T:
+        """Delete it (its owned objects too, unless ``propagation_policy="Orphan"``); returns it."""
+        call = self._a.calls.delete(
+            self._a.ns(namespace),
+            name,
+            propagation_policy=propagation_policy,
+            dry_run=dry_run,
+            resource_version=resource_version,
+        )
+        return self._client.send(call)
+
+    def delete_collection(
+        self,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        propagation_policy: str | None = None,
+        dry_run: bool = False,
+    ) -> list[T]:
+        """Delete every object the selectors match; returns what was deleted."""
+        call = self._a.calls.delete_collection(
+            self._a.ns(namespace),
+            label_selector=label_selector,
+            field_selector=field_selector,
+            propagation_policy=propagation_policy,
+            dry_run=dry_run,
+        )
+        return self._client.send(call).items
+
+
+class SweepResource(Resource[Sweep]):
+    def results(self, sweep: Sweep | str, *, namespace: str | None = None) -> SweepResults:
+        name = sweep if isinstance(sweep, str) else name_of(sweep)
+        ns = self._a.ns(namespace, None if isinstance(sweep, str) else sweep) or self._client.project
+        return self._client.send(accessing.results(ns, name))
+
+    def results_csv(self, name: str, *, namespace: str | None = None) -> str:
+        return self._client.send(accessing.results_csv(self._a.ns(namespace) or self._client.project, name))
+
+
+class JobResource(Resource[Job]):
+    def log(
+        self,
+        name: str,
+        *,
+        namespace: str | None = None,
+        follow: bool = False,
+        index: int | None = None,
+        attempt: int | None = None,
+        tail_lines: int | None = None,
+        since_seconds: int | None = None,
+        timestamps: bool = False,
+    ) -> Iterator[str]:
+        """The Job's log, line by line; with ``follow`` new lines as they come, until the Job finishes."""
+        call = accessing.log(
+            self._a.ns(namespace) or self._client.project,
+            name,
+            follow=follow,
+            index=index,
+            attempt=attempt,
+            tail_lines=tail_lines,
+            since_seconds=since_seconds,
+            timestamps=timestamps,
+        )
+        read = None if follow else self._client._http.timeout.read
+        with self._client.stream(call, read_timeout=read) as resp:
+            try:
+                yield from resp.iter_lines()
+            except httpx.TransportError as e:
+                raise unreachable(self._client.server, e) from None
+
+
+class Watch(Generic[T]):
+    """An iterator of a watch's events; close it (or use ``with``) to stop early."""
+
+    def __init__(self, client: Client, state: WatchState[T]) -> None:
+        self._client, self.state = client, state
+        self._closed = False
+        self._response: httpx.Response | None = None
+        self._events = self._run()
+
+    def __iter__(self) -> Iterator[Event[T]]:
+        return self
+
+    def __next__(self) -> Event[T]:
+        return next(self._events)
+
+    def close(self) -> None:
+        """Stop the watch; from another thread too (then its iteration ends at the next line or
+        read timeout)."""
+        self._closed = True
+        resp = self._response
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                resp.close()
+        with contextlib.suppress(ValueError):  # "generator already executing": in another thread
+            self._events.close()
+
+    def __enter__(self) -> Watch[T]:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @property
+    def resource_version(self) -> str | None:
+        """The last resourceVersion seen: where a new watch would resume."""
+        return self.state.resource_version
+
+    def _run(self) -> Generator[Event[T], None, None]:
+        state, client = self.state, self._client
+        delays = client.retry.delays()
+        while not state.expired() and not self._closed:
+            call = Call("GET", state.path, unread, state.params())
+            try:
+                with client.stream(call, read_timeout=state.read_timeout()) as resp:
+                    self._response = resp
+                    state.connections += 1
+                    delays = client.retry.delays()  # connected: the next drop starts a fresh backoff
+                    for line in resp.iter_lines():
+                        event = state.on_line(line)
+                        if event is not None:
+                            yield event
+                        if state.expired():
+                            return
+            except Expired:
+                yield from self._relist()
+            except Exception as e:
+                if self._closed:
+                    return
+                if not reconnectable(e):
+                    raise
+                delay = next(delays, None)
+                if delay is None:
+                    raise
+                time.sleep(min(delay, max(state.remaining() or delay, 0)))
+
+    def _relist(self) -> Iterator[Event[T]]:
+        state = self.state
+        items: list[T] = []
+        token: str | None = None
+        rv: str | None = None
+        while True:
+            page: Page[T] = self._client.send(
+                state.calls.list_page(
+                    state.namespace,
+                    label_selector=state.label_selector,
+                    field_selector=state.field_selector,
+                    limit=PAGE_SIZE,
+                    continue_=token,
+                )
+            )
+            items.extend(page.items)
+            rv = rv or page.resource_version
+            token = page.continue_
+            if not token:
+                break
+        yield from state.on_relisted(Page(items, rv))
