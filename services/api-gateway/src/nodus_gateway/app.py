@@ -31,6 +31,7 @@ from nodus_gateway.routing import API_PREFIX, api_router
 from nodus_gateway.secreting import secret_router
 from nodus_gateway.system import VERSION, system_router
 from nodus_gateway.tabling import TableResponses
+from nodus_gateway.webview import WebView
 from nodus_kit import errors as kit
 from nodus_schema import CauseType, FieldError, status_for
 
@@ -80,6 +81,7 @@ def build_app(
     app.add_middleware(TableResponses)
     # Added last runs first: the request context wraps authentication, so a 401 has its request id too.
     app.add_middleware(BearerAuth, token=admin_token, principals=principals)
+    app.add_middleware(WebView)  # /ui/: the web view's static files, outside auth (webview.py says why)
     app.add_middleware(RequestContext)
 
     # The lane of routes with direct handlers (dispatching.GatewayApp): the same middlewares, in the
