@@ -395,6 +395,23 @@ def _print_notes(runs: list[Run], n: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "serve":
+        # NODUS_BENCH_PROFILE=<dir>: the gateway server runs under cProfile and leaves <dir>/gateway.prof
+        # when it stops (uvicorn ends serve() on SIGTERM); the rates printed are then not the bench's.
+        profile = os.environ.get("NODUS_BENCH_PROFILE")
+        if profile and sys.argv[2] == "gateway":
+            import cProfile
+            import signal
+
+            profiler = cProfile.Profile()
+
+            def _dump(*_: object) -> None:
+                # uvicorn restores this handler and raises SIGTERM again once it has stopped serving.
+                profiler.disable()
+                profiler.dump_stats(str(Path(profile) / "gateway.prof"))
+                raise SystemExit(0)
+
+            signal.signal(signal.SIGTERM, _dump)
+            profiler.enable()
         asyncio.run(_serve(sys.argv[2], int(sys.argv[3])))
     else:
         raise SystemExit("usage: python -m bench.gateway_bench serve {gateway|bare} PORT")
