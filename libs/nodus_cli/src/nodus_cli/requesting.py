@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from typing import Any, Final
 
 import httpx
-import msgspec
 
 from nodus_cli.client import USER_AGENT, ApiError, Unreachable, tls_context
 from nodus_cli.config import Config
 from nodus_cli.kinds import Kind
 from nodus_schema import API_VERSION, Status, status_for
+from nodus_sdk import errors as sdk_errors
 
 TIMEOUT_S: Final = 15.0
 PATCH_TYPES: Final = {
@@ -29,7 +29,6 @@ PATCH_TYPES: Final = {
 }
 """``--type`` of ``nodus patch`` to the Content-Type the gateway reads (patching.py). The gateway applies a
 strategic merge patch as a merge patch: Nodus kinds have no patch-merge keys, so every list is replaced."""
-_REASONS: Final = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 405: "MethodNotAllowed"}
 
 
 class Requests:
@@ -135,12 +134,4 @@ def transport_errors(server: str) -> Iterator[None]:
 
 def status_of(resp: httpx.Response) -> Status:
     """The Status in an error response, or one made from the HTTP code when something else answered."""
-    try:
-        status = msgspec.json.decode(resp.content, type=Status)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        status = None
-    if status is not None and status.kind == "Status" and status.reason:
-        return status
-    reason = _REASONS.get(resp.status_code, "InternalError" if resp.status_code >= 500 else "BadRequest")
-    text = resp.text.strip()[:200] or resp.reason_phrase
-    return status_for(reason, f"the server answered {resp.status_code}: {text}")
+    return sdk_errors.status_of(resp.status_code, resp.content, resp.reason_phrase)

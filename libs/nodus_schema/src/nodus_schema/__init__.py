@@ -15,6 +15,7 @@ from nodus_schema.costs import (
 from nodus_schema.decoding import Decoded, decode, encode, suggest, to_builtins
 from nodus_schema.defaulting import default_job, default_job_spec, default_sweep
 from nodus_schema.errors import (
+    REASON_BY_HTTP_CODE,
     REASONS,
     Reason,
     Status,
@@ -23,6 +24,7 @@ from nodus_schema.errors import (
     docs_url,
     field_errors_of,
     get_reason,
+    reason_for_code,
     status_for,
     status_success,
 )
@@ -159,6 +161,7 @@ __all__ = [
     "PHASES",
     "PROFILES",
     "REASONS",
+    "REASON_BY_HTTP_CODE",
     "SINK_MODES",
     "SPEC_STATES",
     "SWEEP_LABEL",
@@ -266,6 +269,7 @@ __all__ = [
     "parse_time",
     "parse_topology",
     "parse_usd",
+    "reason_for_code",
     "set_condition",
     "status_for",
     "status_success",

@@ -23,6 +23,7 @@ from nodus_schema.wire import API_GROUP, DOCS_BASE, Wire
 
 __all__ = [
     "REASONS",
+    "REASON_BY_HTTP_CODE",
     "Reason",
     "Status",
     "StatusCause",
@@ -30,9 +31,39 @@ __all__ = [
     "docs_url",
     "field_errors_of",
     "get_reason",
+    "reason_for_code",
     "status_for",
     "status_success",
 ]
+
+
+REASON_BY_HTTP_CODE: Final = MappingProxyType(
+    {
+        400: "BadRequest",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "NotFound",
+        405: "MethodNotAllowed",
+        406: "NotAcceptable",
+        409: "Conflict",
+        410: "Gone",
+        412: "PreconditionFailed",
+        413: "RequestEntityTooLarge",
+        415: "UnsupportedMediaType",
+        422: "Invalid",
+        429: "TooManyRequests",
+        500: "InternalError",
+        502: "ServiceUnavailable",
+        503: "ServiceUnavailable",
+        504: "Timeout",
+    }
+)
+"""The reason a bare HTTP code stands for, when something answered without a Status: a framework's 404
+or 405 in the gateway, a proxy's error page in a client."""
+
+
+def reason_for_code(code: int) -> str:
+    return REASON_BY_HTTP_CODE.get(code, "InternalError" if code >= 500 else "BadRequest")
 
 
 class StatusCause(Wire):

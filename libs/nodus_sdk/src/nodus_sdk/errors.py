@@ -14,28 +14,10 @@ from typing import Final
 
 import msgspec
 
-from nodus_schema import Status, StatusCause, get_reason, status_for
+from nodus_schema import REASON_BY_HTTP_CODE, Status, StatusCause, get_reason, reason_for_code, status_for
 
 # The reason a bare HTTP code stands for, when something other than the gateway answered (a proxy).
-HTTP_REASONS: Final = {
-    400: "BadRequest",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    406: "NotAcceptable",
-    409: "Conflict",
-    410: "Gone",
-    412: "PreconditionFailed",
-    413: "RequestEntityTooLarge",
-    415: "UnsupportedMediaType",
-    422: "Invalid",
-    429: "TooManyRequests",
-    500: "InternalError",
-    502: "ServiceUnavailable",
-    503: "ServiceUnavailable",
-    504: "Timeout",
-}
+HTTP_REASONS: Final = REASON_BY_HTTP_CODE
 
 
 class NodusError(Exception):
@@ -234,7 +216,7 @@ def status_of(code: int, content: bytes, reason_phrase: str = "") -> Status:
         if status.code is None:
             status = msgspec.structs.replace(status, code=code)
         return status
-    reason = HTTP_REASONS.get(code, "InternalError" if code >= 500 else "BadRequest")
+    reason = reason_for_code(code)
     text = content.decode("utf-8", "replace").strip()[:200] or reason_phrase
     made = status_for(reason, f"the server answered {code}: {text}")
     # The code that was really answered, not the reason's usual one (a 502 from a proxy stays a 502).

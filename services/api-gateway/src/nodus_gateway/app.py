@@ -25,7 +25,7 @@ from nodus_gateway.openapi import openapi_router
 from nodus_gateway.principals import Principals
 from nodus_gateway.requesting import RequestContext
 from nodus_gateway.resources import Stores, resource
-from nodus_gateway.responding import ApiError, bus_unavailable, reason_for_code, status_response
+from nodus_gateway.responding import ApiError, bus_unavailable, status_response
 from nodus_gateway.resultsapi import results_router
 from nodus_gateway.routing import API_PREFIX, api_router
 from nodus_gateway.secreting import secret_router
@@ -33,7 +33,7 @@ from nodus_gateway.system import VERSION, system_router
 from nodus_gateway.tabling import TableResponses
 from nodus_gateway.webview import WebView
 from nodus_kit import errors as kit
-from nodus_schema import CauseType, FieldError, status_for
+from nodus_schema import CauseType, FieldError, reason_for_code, status_for
 
 NOT_FOUND_FIX = (
     f"Resources live under {API_PREFIX}/namespaces/<project>/sweeps and .../jobs; "

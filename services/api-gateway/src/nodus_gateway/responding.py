@@ -24,26 +24,6 @@ from nodus_schema import FieldError, Status, encode, status_for, to_builtins
 
 JSON: Final = "application/json"
 
-# The reason a bare HTTP code stands for, when Starlette or FastAPI raise one without saying more.
-REASON_BY_CODE: Final[dict[int, str]] = {
-    400: "BadRequest",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    406: "NotAcceptable",
-    409: "Conflict",
-    410: "Gone",
-    412: "PreconditionFailed",
-    413: "RequestEntityTooLarge",
-    415: "UnsupportedMediaType",
-    422: "Invalid",
-    429: "TooManyRequests",
-    500: "InternalError",
-    503: "ServiceUnavailable",
-    504: "Timeout",
-}
-
 
 class ApiError(Exception):
     """An error response: raise it anywhere in a handler."""
@@ -85,10 +65,6 @@ def status_response(status: Status, headers: dict[str, str] | None = None) -> Re
     the request-context middleware for every response)."""
     status = msgspec.structs.replace(status, request_id=status.request_id or current_request_id())
     return Response(encode(status), status_code=status.code or 500, media_type=JSON, headers=headers)
-
-
-def reason_for_code(code: int) -> str:
-    return REASON_BY_CODE.get(code, "InternalError" if code >= 500 else "BadRequest")
 
 
 # ---------------------------------------------------------------------------------------------------------
