@@ -19,7 +19,8 @@ from nats.aio.client import Client as NATS
 
 from nodus_cli import tailing
 from nodus_cli.cli import main
-from nodus_kit import declaring, messaging
+from nodus_kit import declaring, messaging, permitting
+from nodus_kit.connecting import connect
 from nodus_kit.storing import ObjectStore
 from nodus_schema import subjects
 from nodus_schema.billing import AccountRequest, HoldRequest
@@ -36,6 +37,7 @@ from nodus_schema.messages import (
 )
 from nodus_schema.meta import ObjectMeta, now_rfc3339
 from nodus_schema.nodes import Node, NodeSpec, NodeStatus
+from nodus_testing.natsserver import NatsServer
 from nodus_testing.processes import free_port
 from nodus_testing.waiting import eventually
 
@@ -454,3 +456,31 @@ def test_every_rpc_request_type_decodes() -> None:
         assert tailing.decode(subject, {}, _enc(msg), NOW).type == type(msg).__name__
     assert subjects.RPC_TYPES["nodus.rpc.scheduler.estimate"][1] is EstimateRequest
     assert subjects.RPC_TYPES["nodus.rpc.billing.quote"][1] is QuoteRequest
+
+
+@pytest.mark.slow
+async def test_tail_reads_with_the_operator_credential_on_a_secured_bus(
+    tmp_path: Path, tails: list[Running]
+) -> None:
+    """On a bus with credentials (ADR-0026) the operator's may only receive replies at its own inbox
+    prefix: the ordered consumer's JetStream requests must use it, or they time out."""
+    creds = permitting.generate(tmp_path / "credentials")
+    with NatsServer(extra_config=creds.accounts.read_text()) as server:
+        await permitting.declare(server.url, creds.seed("admin"))
+        events = await _tail(
+            server.url, "nodus.events.>", "--all", "--nkey-seed", str(creds.seed("operator"))
+        )
+        tails.append(events)
+        await events.following()
+        publisher = await connect(server.url, "tail-test", nkey_seed=creds.seed("scheduler"))
+        try:
+            event = ObjectEvent(
+                namespace="default", kind="Job", name="j", uid="u", reason="Running", message="placed",
+                time=now_rfc3339(),
+            )  # fmt: skip
+            await messaging.publish(publisher.jetstream(), "nodus.events.default.jobs.j", event, msg_id="e:1")
+        finally:
+            await publisher.close()
+        await events.line(lambda line: "default/j" in line and "Running" in line, "the event was not printed")
+        assert await events.stop() == 0
+        assert not any("violation" in line.lower() for line in events.err), events.err

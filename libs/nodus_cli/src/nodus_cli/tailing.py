@@ -31,6 +31,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from nodus_cli.config import find_local_env, read_env_file
+from nodus_kit import permitting
 from nodus_schema import subjects
 
 DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
@@ -294,6 +295,12 @@ class Tail:
             print("nodus tail: reconnected", file=self.err, flush=True)
 
         self._error = None
+        # With a credential, replies may only come to its own inbox prefix (ADR-0026): JetStream's
+        # answers to the ordered consumer's requests go there.
+        try:
+            inbox = {"inbox_prefix": permitting.inbox_of_seed(self.nkey_seed)} if self.nkey_seed else {}
+        except (OSError, ValueError) as e:
+            raise CannotConnect(f"--nkey-seed {self.nkey_seed}: {e}") from None
         try:
             nc = await nats.connect(
                 servers=[u.strip() for u in self.url.split(",")],
@@ -306,6 +313,7 @@ class Tail:
                 error_cb=quiet,
                 disconnected_cb=disconnected,
                 reconnected_cb=reconnected,
+                **inbox,
             )
         except ImportError as e:
             raise CannotConnect(f"--nkey-seed needs the nkeys package: {e}") from None
