@@ -133,7 +133,21 @@
     return `${types || "?"}:${gpu.count ?? 1}`;
   }
 
-  function phaseBadge(phase) {
+  // The title and the line under it of an object's page: its kind, name, phase, project, reason, message.
+function heading(kind, metadata, status) {
+  return [
+    h("h1", { id: "title", "data-name": metadata.name }, `${kind} ${metadata.name} `, phaseBadge(status.phase)),
+    h(
+      "p",
+      { class: "sub" },
+      `project ${metadata.namespace}`,
+      status.reason ? ` · ${status.reason}` : "",
+      status.message ? ` · ${status.message}` : "",
+    ),
+  ];
+}
+
+function phaseBadge(phase) {
     const name = phase || "Pending";
     return h("span", { class: `phase phase-${name.replace(/[^A-Za-z]/g, "")}`, "data-phase": name }, name);
   }
@@ -470,14 +484,7 @@
     const done = cells.filter((c) => TERMINAL.has(c.phase)).length;
     const cost = status.cost || {};
     show(
-      h("h1", { id: "title", "data-name": metadata.name }, `Sweep ${metadata.name} `, phaseBadge(status.phase)),
-      h(
-        "p",
-        { class: "sub" },
-        `project ${metadata.namespace}`,
-        status.reason ? ` · ${status.reason}` : "",
-        status.message ? ` · ${status.message}` : "",
-      ),
+      ...heading("Sweep", metadata, status),
       facts([
         ["Cells done", `${done}/${cells.length}`, "cells-done"],
         ["Succeeded", count("Succeeded")],
@@ -772,14 +779,7 @@
       (a, b) => a.spec.index - b.spec.index || a.spec.attempt - b.spec.attempt || (a.spec.rank ?? 0) - (b.spec.rank ?? 0),
     );
     show(
-      h("h1", { id: "title", "data-name": metadata.name }, `Job ${metadata.name} `, phaseBadge(status.phase)),
-      h(
-        "p",
-        { class: "sub" },
-        `project ${metadata.namespace}`,
-        status.reason ? ` · ${status.reason}` : "",
-        status.message ? ` · ${status.message}` : "",
-      ),
+      ...heading("Job", metadata, status),
       facts([
         ["GPU", gpuOf(spec)],
         ["Indexes done", `${status.succeeded ?? 0}/${spec.completions ?? 1}`],
