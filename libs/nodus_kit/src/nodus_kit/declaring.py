@@ -189,13 +189,19 @@ async def ensure(
                 await _ensure_stream(js, cfg, lower=lower)
                 break
             except TEMPORARY as e:
-                if isinstance(e, APIError) and e.code not in (None, 408, 500, 503):
+                if isinstance(e, APIError) and e.code not in (None, 408, 500, 503) and not _unplaced(e):
                     raise
                 if loop.time() + pause >= end:
                     raise
                 log.warning("declaring %s: %r; trying again", cfg.name, e)
                 await asyncio.sleep(pause)  # a pause between tries, not a synchronisation
                 pause = min(pause * 2, 2.0)
+
+
+def _unplaced(e: APIError) -> bool:
+    """10005 "no suitable peers for placement": an R3 stream asked of a cluster whose members have not all
+    joined yet (it has just started, or one is down for a moment). Temporary: asked again, it places."""
+    return e.err_code == 10005
 
 
 async def _ensure_stream(js: JetStreamContext, cfg: StreamConfig, *, lower: bool = True) -> None:
