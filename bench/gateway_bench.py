@@ -35,7 +35,7 @@ import yaml
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from bench.running import Result
+from bench.running import Result, cpu_seconds
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.servicing import tune_gc
@@ -140,15 +140,6 @@ def _sweep_body(name: str, template: dict[str, Any]) -> bytes:
     return msgspec.json.encode({**template, "metadata": {**template["metadata"], "name": name}})
 
 
-def _cpu_seconds(pid: int | None) -> float:
-    """User+system CPU time of a process so far, from /proc (Linux, as the benchmarks run on)."""
-    if pid is None:
-        return 0.0
-    # Fields after the ")" that ends the command name: utime and stime are the 12th and 13th.
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class _Connection:
     """One keep-alive HTTP/1.1 connection that POSTs and reads whole answers, and nothing more.
 
@@ -216,12 +207,12 @@ async def _measure(
     try:
         # Warm-up uses every connection and lets both servers reach their steady state.
         await _drive(connections, warm)
-        server_cpu, bus_cpu, client_cpu = _cpu_seconds(pid), _cpu_seconds(bus_pid), time.process_time()
+        server_cpu, bus_cpu, client_cpu = cpu_seconds(pid), cpu_seconds(bus_pid), time.process_time()
         start = time.perf_counter()
         latencies = await _drive(connections, bodies)
         elapsed = time.perf_counter() - start
-        server_cpu = _cpu_seconds(pid) - server_cpu
-        bus_cpu = _cpu_seconds(bus_pid) - bus_cpu
+        server_cpu = cpu_seconds(pid) - server_cpu
+        bus_cpu = cpu_seconds(bus_pid) - bus_cpu
         client_cpu = time.process_time() - client_cpu
     finally:
         for c in connections:

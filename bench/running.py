@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -50,3 +54,37 @@ def render(results: list[Result]) -> str:
             f"| {r.name} | {r.rate:,.0f} | {r.baseline} | {r.baseline_rate:,.0f} | {r.ratio:.0%} | {target} |"
         )
     return "\n".join(rows)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn(
+    args: list[str], env: dict[str, str], log: Path, *, profiled: bool = False
+) -> subprocess.Popen[bytes]:
+    """``python ARGS`` from the repository root, its output appended to ``log``, ``env`` over ours.
+
+    ``profiled`` with ``NODUS_BENCH_PROFILE=<dir>`` runs it under cProfile, leaving ``<dir>/<log stem>.prof``
+    when it stops (SIGTERM is a clean exit), for ``python -m pstats``; the rates printed are then not the
+    bench's."""
+    profile = os.environ.get("NODUS_BENCH_PROFILE")
+    if profile and profiled:
+        args = ["-m", "cProfile", "-o", str(Path(profile).resolve() / f"{log.stem}.prof"), *args]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User+system CPU time of a process so far, from /proc (Linux, as the benchmarks run on); 0 for None."""
+    if pid is None:
+        return 0.0
+    # Fields after the ")" that ends the command name: utime and stime are the 12th and 13th.
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -20,15 +20,12 @@ placement cannot avoid).
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Final
 
-from bench.running import Result
+from bench.running import Result, cpu_seconds, spawn
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.storing import ObjectStore
@@ -45,24 +42,6 @@ JOBS: Final = 10
 INDEXES: Final = 1_000  # per Job: 10,000 in all
 RUN_S: Final = "0.05"
 FLOOR: Final = 1_000.0  # placements per second, the target
-ROOT: Final = Path(__file__).resolve().parent.parent
-
-
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, *args],
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=ROOT,
-        )
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _peak_rss_mib(pid: int) -> float:
@@ -119,7 +98,7 @@ async def run(n: int) -> list[Result]:
         nc = await connect(server.url, "bench")
         await declaring.ensure(nc.jetstream())
         env = {"NODUS_NATS_URL": server.url, "NODUS_LOG_LEVEL": "WARNING", "NODUS_REPLICA": "bench"}
-        fleet = _spawn(
+        fleet = spawn(
             [
                 "-m",
                 "nodus_agent.simulating",
@@ -138,7 +117,7 @@ async def run(n: int) -> list[Result]:
             tmp / "fleet.log",
         )
         # Placement speed without billing's holds (the billing bench measures those).
-        scheduler = _spawn(["-m", "nodus_scheduler"], {**env, "NODUS_FUNDING": "off"}, tmp / "scheduler.log")
+        scheduler = spawn(["-m", "nodus_scheduler"], {**env, "NODUS_FUNDING": "off"}, tmp / "scheduler.log")
         try:
             nodes = ObjectStore(nc, "nodes", Node)
             deadline = time.monotonic() + 60
@@ -180,7 +159,7 @@ async def _measure(nc: Any, pid: int, tmp: Path) -> tuple[float, float, float, f
     total = JOBS * INDEXES
     seen: set[str] = set()
     times: list[float] = []
-    cpu0 = _cpu_seconds(pid)
+    cpu0 = cpu_seconds(pid)
     async with attempts.watch("bench") as w:
         start = time.perf_counter()
         await asyncio.gather(*(jobs.create(_job(i)) for i in range(JOBS)))
@@ -195,7 +174,7 @@ async def _measure(nc: Any, pid: int, tmp: Path) -> tuple[float, float, float, f
             if event.type == "ADDED" and name not in seen:
                 seen.add(name)
                 times.append(time.perf_counter() - start)
-    cpu = _cpu_seconds(pid) - cpu0
+    cpu = cpu_seconds(pid) - cpu0
     fill = NODES / times[NODES - 1]
     sustained = total / times[-1]
     return fill, sustained, cpu * 1e6 / total, _peak_rss_mib(pid)

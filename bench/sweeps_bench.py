@@ -32,8 +32,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -45,7 +43,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bench.running import Result
+from bench.running import Result, cpu_seconds, spawn
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.leasing import Lease
@@ -69,32 +67,6 @@ NS: Final = "bench"
 ROUNDS: Final = 3
 DEADLINE_S: Final = 240.0
 IN_FLIGHT: Final = 64
-ROOT: Final = Path(__file__).resolve().parent.parent
-
-
-def _spawn(
-    args: list[str], env: dict[str, str], log: Path, *, profiled: bool = True
-) -> subprocess.Popen[bytes]:
-    # NODUS_BENCH_PROFILE=<dir>: the controllers run under cProfile and leave <dir>/<name>.prof when they
-    # stop (SIGTERM is a clean exit), for `python -m pstats`; the rates printed are then not the bench's.
-    # Not the fleet: run as cProfile's __main__, its msgspec types cannot resolve their annotations.
-    profile = os.environ.get("NODUS_BENCH_PROFILE")
-    if profile and profiled:
-        args = ["-m", "cProfile", "-o", str(Path(profile).resolve() / f"{log.stem}.prof"), *args]
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, *args],
-            env={**os.environ, **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=ROOT,
-        )
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _sweep(name: str) -> Sweep:
@@ -180,7 +152,7 @@ async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run
     tap = Tap(prefix=f"$KV.jobs.{NS}.{name}-")
     sub = await nc.subscribe("$KV.>", cb=tap.on_msg, pending_msgs_limit=1_000_000)
     seq0 = await _stored(nc)
-    cpu0 = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own0 = time.process_time()
     try:
         async with sweeps.watch(NS, name=name) as w:
@@ -202,7 +174,7 @@ async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run
         await nc.flush()
     finally:
         await sub.unsubscribe()
-    cpu = {name: _cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     cpu["bench (observer)"] = time.process_time() - own0
     seq1 = await _stored(nc)
     job = await ObjectStore(nc, "jobs", Job).get(NS, f"{name}-0")
@@ -272,16 +244,20 @@ async def run(n: int) -> list[Result]:
         env = {"NODUS_NATS_URL": server.url, "NODUS_LOG_LEVEL": "WARNING", "NODUS_REPLICA": "bench"}
         fleet_args = ["--fleet", "s", "--nodes", str(NODES), "--offerings", "l4-x1-us", "--progress-s", "0"]
         procs = {
-            "fleet": _spawn(
+            # Not the fleet under cProfile: run as its __main__, its msgspec types cannot resolve their
+            # annotations.
+            "fleet": spawn(
                 ["-m", "nodus_agent.simulating", *fleet_args, "--workdir", str(tmp / "fleet")],
                 env,
                 tmp / "fleet.log",
-                profiled=False,
             ),
-            "scheduler": _spawn(
-                ["-m", "nodus_scheduler"], {**env, "NODUS_FUNDING": "off"}, tmp / "scheduler.log"
+            "scheduler": spawn(
+                ["-m", "nodus_scheduler"],
+                {**env, "NODUS_FUNDING": "off"},
+                tmp / "scheduler.log",
+                profiled=True,
             ),
-            "sweeps": _spawn(["-m", "nodus_sweeps"], env, tmp / "sweeps.log"),
+            "sweeps": spawn(["-m", "nodus_sweeps"], env, tmp / "sweeps.log", profiled=True),
         }
         try:
             await _ready(nc, tmp)

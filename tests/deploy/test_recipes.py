@@ -41,8 +41,9 @@ NATS_SERVERS = ("nats-1", "nats-2", "nats-3")
 
 
 def tool(name: str, *where: Path) -> str:
-    """The path of a command-line tool, from the venv or the PATH; skips the test where it is missing
-    (kubectl and systemd-analyze are on these machines, shellcheck may not be)."""
+    """The path of a command-line tool, from the venv or the PATH; skips the test where it is missing.
+    CI has all three: kubectl and systemd-analyze are on these machines, and `make test` installs
+    shellcheck (`make system-deps`); the skip is for a developer's machine without them."""
     for d in where:
         if (d / name).exists():
             return str(d / name)
