@@ -60,6 +60,9 @@ class Stack:
     """Each process with its own nkey credential, the streams declared by the admin (ADR-0026)."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables for every process of the stack, over this process's (e.g. an OTLP endpoint)."""
+    s3: bool = True
+    """Start SeaweedFS for the agents' checkpoints and outputs. Without it the agents have no store: Jobs
+    run, but checkpoints and outputs are refused (a GPU host without the ``weed`` binary)."""
 
     @property
     def state_file(self) -> Path:
@@ -81,21 +84,25 @@ class Stack:
         if creds is not None:  # services with a credential declare nothing: the bootstrap does, first
             admin = ["--url", nats.url, "--seed", str(creds.seed("admin"))]
             subprocess.run([sys.executable, "-m", "nodus_kit.permitting", "declare", *admin], check=True)
-        s3 = SeaweedS3(data_dir=self._dir("s3"))
-        s3.start()
+        s3 = SeaweedS3(data_dir=self._dir("s3")) if self.s3 else None
+        if s3 is not None:
+            s3.start()
         token = secrets.token_urlsafe(24)
         gateway_port = free_port()
         base = {
             **os.environ,
             **self.env,
             "NODUS_NATS_URL": nats.url,
-            "NODUS_S3_ENDPOINT": s3.endpoint_url,
-            "NODUS_S3_ACCESS_KEY": s3.access_key,
-            "NODUS_S3_SECRET_KEY": s3.secret_key,
             "NODUS_ADMIN_TOKEN": token,
             "NODUS_GATEWAY_PORT": str(gateway_port),
             "PYTHONUNBUFFERED": "1",
         }
+        if s3 is not None:
+            base.update(
+                NODUS_S3_ENDPOINT=s3.endpoint_url,
+                NODUS_S3_ACCESS_KEY=s3.access_key,
+                NODUS_S3_SECRET_KEY=s3.secret_key,
+            )
         for short, module in SERVICES:
             env = dict(base)
             if short == "gateway":
@@ -108,7 +115,7 @@ class Stack:
             if creds is not None:
                 env["NODUS_NATS_NKEY_SEED"] = str(creds.seed(short))
             self.procs.append(Proc(short, [sys.executable, "-m", module], env, free_port()))
-        store = self._agent_store(s3)
+        store = self._agent_store(s3) if s3 is not None else {}
         for i, extra in enumerate(self.agents):
             name = extra.get("NODUS_AGENT_NODE", f"agent-{i}")
             env = {
@@ -130,8 +137,9 @@ class Stack:
             "NODUS_TOKEN": token,
             "NODUS_CA": str(tls.ca),
             "NODUS_NATS_URL": nats.url,
-            "NODUS_S3_ENDPOINT": s3.endpoint_url,
         }
+        if s3 is not None:
+            values["NODUS_S3_ENDPOINT"] = s3.endpoint_url
         # Both hold the admin token: readable by their owner only.
         _write_private(self.root / "local.env", "".join(f"{k}={v}\n" for k, v in values.items()))
         _write_private(self.kubeconfig, kubeconfig(values["NODUS_URL"], token, tls.ca.read_bytes()))
@@ -176,11 +184,11 @@ class Stack:
         proc = subprocess.Popen(p.argv, env=env, stdout=log, stderr=log, start_new_session=True)
         p.pid = proc.pid
 
-    def _save(self, nats: NatsServer, s3: SeaweedS3) -> None:
-        assert nats.proc and s3.proc
+    def _save(self, nats: NatsServer, s3: SeaweedS3 | None) -> None:
+        assert nats.proc and (s3 is None or s3.proc)
         state = {
             "nats": {"pid": nats.proc.pid, "url": nats.url},
-            "s3": {"pid": s3.proc.pid, "url": s3.endpoint_url},
+            "s3": None if s3 is None else {"pid": s3.proc.pid, "url": s3.endpoint_url},  # type: ignore[union-attr]
             "procs": [{"name": p.name, "pid": p.pid, "health": p.health_port} for p in self.procs],
         }
         self.state_file.write_text(json.dumps(state, indent=2))
@@ -210,7 +218,7 @@ class Stack:
         # grace: by then NATS has flushed (it syncs every write anyway) and the services are gone.
         groups = (
             ([p["pid"] for p in state["procs"]], grace_s),
-            ([state["s3"]["pid"], state["nats"]["pid"]], 1.5),
+            ([*([state["s3"]["pid"]] if state["s3"] else []), state["nats"]["pid"]], 1.5),
         )
         for group, grace in groups:
             for pid in group:
@@ -230,7 +238,8 @@ class Stack:
             return []
         state = json.loads(self.state_file.read_text())
         rows = [("nats", str(state["nats"]["pid"]), "up" if _alive(state["nats"]["pid"]) else "DOWN")]
-        rows.append(("s3", str(state["s3"]["pid"]), "up" if _alive(state["s3"]["pid"]) else "DOWN"))
+        if state["s3"]:
+            rows.append(("s3", str(state["s3"]["pid"]), "up" if _alive(state["s3"]["pid"]) else "DOWN"))
         for p in state["procs"]:
             rows.append((p["name"], str(p["pid"]), "ready" if _ready(p["health"]) else "NOT READY"))
         return rows
