@@ -276,19 +276,25 @@ def default_job_spec(spec: JobSpec) -> JobSpec:
     return _default_spec(_copy(spec), in_sweep=None)
 
 
-def default_job(job: Job) -> Job:
-    """A new Job with its spec defaulted (metadata and status are untouched)."""
-    job = _copy(job)
+def default_job(job: Job, *, copy: bool = True) -> Job:
+    """A new Job with its spec defaulted (metadata and status are untouched).
+
+    ``copy=False`` skips the deep copy that keeps the result from sharing parts with ``job``: for a caller
+    that owns ``job`` and drops it (the gateway's admission of a just-decoded body), it is ~5 µs saved.
+    Defaulting itself never changes what it is given (every change goes through ``replace``)."""
+    if copy:
+        job = _copy(job)
     return replace(job, spec=_default_spec(job.spec, in_sweep=None))
 
 
-def default_sweep(sweep: Sweep) -> Sweep:
-    """A new Sweep with its own defaults and its template's filled in.
+def default_sweep(sweep: Sweep, *, copy: bool = True) -> Sweep:
+    """A new Sweep with its own defaults and its template's filled in (``copy``: as for default_job).
 
     Matrix GPU values are kept as the user wrote them (objects or "H100:1" strings): they are what each
     cell's status.cells[].gpu shows, and each cell Job's own defaulting normalises its resources.gpu.
     """
-    sweep = _copy(sweep)
+    if copy:
+        sweep = _copy(sweep)
     spec = sweep.spec
     template = replace(
         spec.template,

@@ -98,7 +98,7 @@ def admit(
     ``json_body``: the JSON ``data`` was parsed from, if it was (decoded as it is, see decoding.decode)."""
     name = _check_body(res, data, namespace)
     decoded = _decode(res, data, name, validation, json_body)
-    obj = res.default(_server_owned(decoded.value, namespace))
+    obj = (res.default_fresh or res.default)(_server_owned(decoded.value, namespace))
     errors = res.validate(obj)
     if errors:
         raise invalid(res, name, errors)

@@ -18,6 +18,7 @@ the routes must honour:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -94,6 +95,9 @@ class Resource:
     subresources: tuple[str, ...] = ()
     redact: Callable[[Any], Any] = _unchanged
     """Write-only fields out: applied to every object of the row before it is returned."""
+    default_fresh: Callable[[Any], Any] | None = None
+    """``default`` for an object the caller owns and drops (a create's just-decoded body): may share parts
+    with it instead of copying it first. None: ``default``."""
     served_by: str = "routing"
     required: tuple[str, ...] = ()
     """Top-level fields a create or update body must carry (its type's default is no answer for them)."""
@@ -159,6 +163,7 @@ RESOURCES: tuple[Resource, ...] = (
         object_type=Sweep,
         list_type=SweepList,
         default=default_sweep,
+        default_fresh=functools.partial(default_sweep, copy=False),
         validate=validate_sweep,
         # Shorter than a Job's: cell Jobs are named <sweep>-<index> and must still fit.
         max_name=MAX_SWEEP_NAME,
@@ -174,6 +179,7 @@ RESOURCES: tuple[Resource, ...] = (
         object_type=Job,
         list_type=JobList,
         default=default_job,
+        default_fresh=functools.partial(default_job, copy=False),
         validate=validate_job,
         max_name=MAX_JOB_NAME,
         subresources=("status",),
