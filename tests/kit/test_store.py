@@ -220,3 +220,76 @@ async def test_expired_revision_is_410(own_server: tuple[NatsServer, NATS]) -> N
     async with jobs.watch("p", resource_version=await jobs.last_revision()):
         pass
     assert [j.metadata.name for j in (await jobs.list("p")).items] == ["b"]
+
+
+# -- group commit of creates (ADR-0034) ------------------------------------------------------------------
+async def _batch_ids(nc: NATS, first: int, last: int) -> list[str | None]:
+    js = nc.jetstream()
+    return [
+        ((await js.get_msg("KV_jobs", seq)).headers or {}).get("Nats-Batch-Id")
+        for seq in range(first, last + 1)
+    ]
+
+
+async def test_concurrent_creates_are_committed_together_each_with_its_own_revision(
+    jobs: ObjectStore[Job], nc: NATS, unique: str
+) -> None:
+    created = await asyncio.gather(*(jobs.create(job(unique, f"j{i}")) for i in range(40)))
+    revisions = sorted(int(c.metadata.resource_version or 0) for c in created)
+    assert len(set(revisions)) == 40 and revisions[-1] - revisions[0] == 39  # consecutive, one each
+    for c in created:  # what each caller got is what is stored, under its revision
+        assert await jobs.get(unique, c.metadata.name or "") == c
+    ids = await _batch_ids(nc, revisions[0], revisions[-1])
+    assert None not in ids and len(set(ids)) < 40, ids  # written as atomic batches, not one by one
+
+
+async def test_a_batch_with_a_taken_name_gives_each_create_its_own_answer(
+    jobs: ObjectStore[Job], unique: str
+) -> None:
+    await jobs.create(job(unique, "taken", image="first"))
+    names = ["a", "taken", "b", "c"]
+    results = await asyncio.gather(
+        *(jobs.create(job(unique, n, image="second")) for n in names), return_exceptions=True
+    )
+    kinds = dict(zip(names, (type(r).__name__ for r in results), strict=True))
+    assert kinds == {"a": "Job", "taken": "AlreadyExists", "b": "Job", "c": "Job"}
+    assert (await jobs.get(unique, "taken")).spec.image == "first"  # the refused batch stored nothing
+    assert {(await jobs.get(unique, n)).spec.image for n in ("a", "b", "c")} == {"second"}
+
+
+async def test_one_name_created_many_times_at_once_is_created_once(
+    jobs: ObjectStore[Job], unique: str
+) -> None:
+    results = await asyncio.gather(
+        *(jobs.create(job(unique, "same")) for _ in range(6)), return_exceptions=True
+    )
+    assert sorted(type(r).__name__ for r in results) == ["AlreadyExists"] * 5 + ["Job"]
+
+
+async def test_a_deleted_name_is_created_again_within_a_batch(jobs: ObjectStore[Job], unique: str) -> None:
+    old = await jobs.create(job(unique, "again"))
+    await jobs.delete(unique, "again")
+    results = await asyncio.gather(jobs.create(job(unique, "again")), jobs.create(job(unique, "other")))
+    assert results[0].metadata.uid != old.metadata.uid
+    assert await jobs.get(unique, "again") == results[0]
+
+
+async def test_a_bucket_without_atomic_batches_still_takes_concurrent_creates(nc: NATS, unique: str) -> None:
+    # A stream declared before ADR-0034 (no allow_atomic): the first batch is refused as a whole, its
+    # creates are made one by one, and the store stops batching for that bucket.
+    from nats.js.api import StreamConfig
+
+    bucket = f"plain{unique.replace('-', '')}"[:30]
+    await nc.jetstream().add_stream(
+        StreamConfig(
+            name=f"KV_{bucket}", subjects=[f"$KV.{bucket}.>"], max_msgs_per_subject=1, allow_direct=True
+        )
+    )
+    store = ObjectStore(nc, bucket, Job)
+    first = await asyncio.gather(*(store.create(job(unique, f"x{i}")) for i in range(5)))
+    second = await asyncio.gather(*(store.create(job(unique, f"y{i}")) for i in range(5)))
+    assert len({c.metadata.resource_version for c in [*first, *second]}) == 10
+    assert [(await store.get(unique, f"y{i}")).metadata.uid for i in range(5)] == [
+        c.metadata.uid for c in second
+    ]
+    await nc.jetstream().delete_stream(f"KV_{bucket}")

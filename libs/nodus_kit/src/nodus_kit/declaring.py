@@ -57,6 +57,8 @@ class Bucket:
             allow_direct=True,
             allow_msg_ttl=self.msg_ttl or None,
             subject_delete_marker_ttl=60.0 if self.msg_ttl else None,
+            # Creates that arrive together are stored as one atomic batch, one disk sync (ADR-0034).
+            allow_atomic=True,
         )
 
 

@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import itertools
 import time
 import uuid
 import weakref
@@ -43,7 +45,11 @@ CLUSTER = "_"
 META_PREFIX = "_meta"
 COMPACTED_KEY = f"{META_PREFIX}.compacted"
 WRONG_LAST_SEQUENCE = (10071, 10164)
+ATOMIC_PUBLISH_DISABLED = 10174  # a stream without allow_atomic (declared before ADR-0034)
 PUBLISH_TIMEOUT_S = 5.0  # as nats-py's JetStreamContext: a write the stream does not ack by then failed
+MAX_CREATE_BATCH = 128
+"""Creates committed together at most (nats-server takes up to 1,000 messages in an atomic batch)."""
+BATCH_ID, BATCH_SEQUENCE, BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
 
 
 class Meta(Protocol):
@@ -109,6 +115,114 @@ async def _js_publish(nc: NATS, subject: str, data: bytes, headers: dict[str, st
     return ack.seq
 
 
+class _BatchRefused(Exception):
+    """The batch a create was in was refused as a whole (a name in it is taken, or the stream takes no
+    atomic batches): nothing of it was stored, so the create is made again on its own."""
+
+
+class _Creates:
+    """Group commit of creates (ADR-0034): the creates that arrive while one is being written go to the
+    stream together, as ONE atomic batch (nats-server 2.12), which it stores with one disk sync instead of
+    one per create. With the stack's per-write fsync (``sync_interval: always``) the sync is most of a
+    write's time, so concurrent creates (the gateway under load, the binder's Attempts) are stored several
+    times faster. A create that arrives when none is in flight is written at once, alone: nothing waits
+    for company.
+
+    A batch is all or nothing. If it is refused (a name in it is taken: JetStream's wrong-last-sequence
+    check, which does not say which), each of its creates is made again on its own, so each gets its own
+    answer: created, or AlreadyExists. The members' revisions are the batch's consecutive sequences."""
+
+    def __init__(self, store: ObjectStore[Any]) -> None:
+        self.store = store
+        self.queue: list[tuple[str, bytes, asyncio.Future[int]]] = []
+        self.flusher: asyncio.Task[None] | None = None
+        self.atomic = True  # False once the stream said it takes no atomic batches
+        self.batch_prefix = uuid.uuid4().hex[:16]
+        self.batches = itertools.count(1)
+
+    async def create(self, key: str, data: bytes) -> int:
+        if not self.atomic:
+            return await self.store._publish(key, data, last=0, op="create")
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.queue.append((key, data, future))
+        if self.flusher is None:
+            self.flusher = asyncio.create_task(self._flush())
+        try:
+            return await future
+        except _BatchRefused:
+            return await self.store._publish(key, data, last=0, op="create")
+
+    async def _flush(self) -> None:
+        try:
+            while self.queue:
+                batch, self.queue = _unique_keys(self.queue, MAX_CREATE_BATCH)
+                try:
+                    first = await self._commit(batch)
+                except Exception as e:  # the batch's outcome is each of its creates' outcome
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(e)
+                    continue
+                except BaseException:  # cancelled (the loop is closing): so are the creates waiting
+                    for _, _, future in (*batch, *self.queue):
+                        future.cancel()
+                    raise
+                for i, (_, _, future) in enumerate(batch):
+                    if not future.done():
+                        future.set_result(first + i)
+        finally:
+            self.flusher = None
+
+    async def _commit(self, batch: list[tuple[str, bytes, asyncio.Future[int]]]) -> int:
+        """Write the batch; the sequence of its first create."""
+        store = self.store
+        if len(batch) == 1:
+            key, data, _ = batch[0]
+            return await store._publish(key, data, last=0, op="create")
+        batch_id = f"{self.batch_prefix}-{next(self.batches)}"
+        last = len(batch) - 1
+        for i, (key, data, _) in enumerate(batch[:last]):
+            headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(i + 1), **_CREATE_HEADERS}
+            await store.nc.publish(store.prefix + key, data, headers=headers)
+        key, data, _ = batch[last]
+        headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(last + 1), BATCH_COMMIT: "1", **_CREATE_HEADERS}
+        try:
+            seq = await _js_publish(store.nc, store.prefix + key, data, headers, PUBLISH_TIMEOUT_S)
+        except APIError as e:
+            if e.err_code == ATOMIC_PUBLISH_DISABLED:
+                self.atomic = False
+                raise _BatchRefused from e
+            if e.err_code in WRONG_LAST_SEQUENCE:
+                raise _BatchRefused from e
+            raise
+        store._writes["create"].inc(len(batch))
+        return seq - last
+
+
+_CREATE_HEADERS: dict[str, str] = {EXPECTED_LAST_SUBJECT_SEQ: "0", NODUS_OP: "create"}
+
+
+_Create = tuple[str, bytes, "asyncio.Future[int]"]
+
+
+def _unique_keys(queue: list[_Create], most: int) -> tuple[list[_Create], list[_Create]]:
+    """The next batch (at most ``most`` creates, no key twice: JetStream refuses a batch that writes one
+    subject twice) and what stays queued, in arrival order. Creates whose caller is gone are dropped."""
+    batch: list[_Create] = []
+    rest: list[_Create] = []
+    keys: set[str] = set()
+    for item in queue:
+        key, _, future = item
+        if future.done():
+            continue
+        if len(batch) < most and key not in keys:
+            keys.add(key)
+            batch.append(item)
+        else:
+            rest.append(item)
+    return batch, rest
+
+
 class ObjectStore(Generic[T]):
     """Typed CRUD + list + watch over one bucket. Safe to share between tasks."""
 
@@ -126,6 +240,7 @@ class ObjectStore(Generic[T]):
         self._decoder = msgspec.json.Decoder(typ)
         self._encoder = msgspec.json.Encoder()
         self._writes, self._conflicts = measuring.store_meters(bucket)
+        self._creates = _Creates(self)
 
     # -- encoding -----------------------------------------------------------------------------------
     def _encode(self, obj: T) -> bytes:
@@ -183,7 +298,7 @@ class ObjectStore(Generic[T]):
         key = key_of(meta.namespace, meta.name)
         data = self._encoder.encode(obj)
         try:
-            seq = await self._publish(key, data, last=0, op="create")
+            seq = await self._creates.create(key, data)
         except Conflict:
             # The subject has history: either a live object (AlreadyExists) or a delete marker, which a
             # create may replace (compare-and-set on the marker's revision, as nats-py's kv.create does).
