@@ -148,6 +148,22 @@ def test_unknown_fields_have_paths_and_suggestions() -> None:
     assert errs["spec.wat"].message == 'unknown field "wat"'
 
 
+def test_a_spec_seen_before_reports_the_same_unknown_fields_under_any_name() -> None:
+    # The key walk remembers a spec's findings (decoding._KeyWalker.walk_spec): the second body, with the
+    # same spec and other metadata, must get exactly what a first walk finds, and a clean spec nothing.
+    doc = _sweep(comand=["python"])
+    doc["spec"]["wat"] = 1
+    first = decode(json.dumps(doc), Sweep)
+    doc["metadata"] = {"name": "another", "lables": {"a": "b"}}
+    again = decode(json.dumps(doc), Sweep)
+    assert sorted(first.unknown) == ["spec.template.spec.comand", "spec.wat"]
+    assert sorted(again.unknown) == ["metadata.lables", "spec.template.spec.comand", "spec.wat"]
+    assert again.suggestion("spec.template.spec.comand") == "command"
+    assert again.suggestion("metadata.lables") == "labels"
+    clean = decode(json.dumps(_sweep()), Sweep)
+    assert clean.unknown == [] and clean.value is not None
+
+
 def test_unknown_keys_in_free_maps_are_not_unknown_fields() -> None:
     doc = _sweep(env=[{"name": "A", "value": "1"}])
     doc["metadata"]["labels"] = {"anything/goes": "x"}

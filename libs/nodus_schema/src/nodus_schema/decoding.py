@@ -24,6 +24,7 @@ import decimal
 import difflib
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
@@ -577,13 +578,44 @@ class _KeyWalker:
             if key in fields:
                 sub = plans.get(key)
                 if sub is not None:
-                    self.walk(item, sub, (path, key))
+                    if path is None and key == "spec" and type(item) is dict:
+                        self.walk_spec(item, sub)
+                    else:
+                        self.walk(item, sub, (path, key))
             elif key != plan.tag_field:
                 child = _render((path, key))
                 self.unknown.append(child)
                 hint = suggest(key, plan.names)
                 if hint is not None:
                     self.suggestions[child] = hint
+
+    def walk_spec(self, v: dict[str, Any], plan: Any) -> None:
+        """The top-level ``spec``, whose findings are remembered per distinct spec: it is most of a body's
+        keys, and the same spec comes back often (see validating.SPEC_MEMO_SIZE). Encoding it to look it
+        up costs a fraction of walking it (~2 µs against ~8 µs for examples/sweep.yaml)."""
+        try:
+            key = (id(plan), _memo_encoder.encode(v))
+        except (TypeError, msgspec.EncodeError):  # not JSON's own values: no key, walk it as any value
+            self.walk(v, plan, (None, "spec"))
+            return
+        found = _spec_memo.get(key)
+        if found is None:
+            inner = _KeyWalker()
+            inner.walk(v, plan, (None, "spec"))  # _NeedsFullWalk propagates: nothing is remembered
+            found = _spec_memo[key] = (tuple(inner.unknown), tuple(inner.suggestions.items()))
+            if len(_spec_memo) > _SPEC_MEMO_SIZE:
+                _spec_memo.popitem(last=False)
+        else:
+            _spec_memo.move_to_end(key)
+        self.unknown.extend(found[0])
+        self.suggestions.update(found[1])
+
+
+_SPEC_MEMO_SIZE: Final = 512
+_spec_memo: OrderedDict[tuple[int, bytes], tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = (
+    OrderedDict()
+)
+_memo_encoder: Final = msgspec.json.Encoder()
 
 
 def _render(path: Any) -> str:
