@@ -24,7 +24,6 @@ import decimal
 import difflib
 import re
 import uuid
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
@@ -33,6 +32,7 @@ import msgspec
 from msgspec import inspect as mi
 
 from nodus_schema.fielding import CauseType, FieldError, Path
+from nodus_schema.remembering import SPEC_MEMO_SIZE, Memo
 
 __all__ = ["Decoded", "decode", "encode", "suggest", "to_builtins"]
 
@@ -591,29 +591,26 @@ class _KeyWalker:
 
     def walk_spec(self, v: dict[str, Any], plan: Any) -> None:
         """The top-level ``spec``, whose findings are remembered per distinct spec: it is most of a body's
-        keys, and the same spec comes back often (see validating.SPEC_MEMO_SIZE). Encoding it to look it
+        keys, and the same spec comes back often (see nodus_schema.remembering). Encoding it to look it
         up costs a fraction of walking it (~2 µs against ~8 µs for examples/sweep.yaml)."""
         try:
             key = (id(plan), _memo_encoder.encode(v))
         except (TypeError, msgspec.EncodeError):  # not JSON's own values: no key, walk it as any value
             self.walk(v, plan, (None, "spec"))
             return
-        found = _spec_memo.get(key)
-        if found is None:
+
+        def walked() -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
             inner = _KeyWalker()
             inner.walk(v, plan, (None, "spec"))  # _NeedsFullWalk propagates: nothing is remembered
-            found = _spec_memo[key] = (tuple(inner.unknown), tuple(inner.suggestions.items()))
-            if len(_spec_memo) > _SPEC_MEMO_SIZE:
-                _spec_memo.popitem(last=False)
-        else:
-            _spec_memo.move_to_end(key)
+            return tuple(inner.unknown), tuple(inner.suggestions.items())
+
+        found = _spec_memo.get(key, walked)
         self.unknown.extend(found[0])
         self.suggestions.update(found[1])
 
 
-_SPEC_MEMO_SIZE: Final = 512
-_spec_memo: OrderedDict[tuple[int, bytes], tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = (
-    OrderedDict()
+_spec_memo: Memo[tuple[int, bytes], tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = Memo(
+    SPEC_MEMO_SIZE
 )
 _memo_encoder: Final = msgspec.json.Encoder()
 

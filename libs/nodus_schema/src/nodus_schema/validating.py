@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import posixpath
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from decimal import Decimal
@@ -62,6 +61,7 @@ from nodus_schema.jobs import (
 )
 from nodus_schema.meta import ObjectMeta, parse_time
 from nodus_schema.quantities import parse_bytes, parse_cpu_millis, parse_duration, parse_usd
+from nodus_schema.remembering import SPEC_MEMO_SIZE, Memo
 from nodus_schema.sweeps import Sweep, SweepMatrix, SweepSpec, SweepStatus, count_cells, widest_cells_bytes
 from nodus_schema.wire import API_VERSION
 
@@ -1181,29 +1181,19 @@ def _dims(spec: SweepSpec) -> str:
 _size_encoder: Final = msgspec.json.Encoder()
 
 
-def widest_sweep_bytes(sweep: Sweep) -> int:
+def widest_sweep_bytes(sweep: Sweep, key: bytes | None = None) -> int:
     """The most the Sweep's JSON can take once every cell has reported: the object without its status as it
-    is now, :data:`STATUS_BESIDES_CELLS` and every cell row at its widest (``sweeps.widest_cells_bytes``)."""
+    is now, :data:`STATUS_BESIDES_CELLS` and every cell row at its widest (``sweeps.widest_cells_bytes``).
+    ``key``: the spec's :func:`_spec_key`, if made already."""
     bare = _size_encoder.encode(msgspec.structs.replace(sweep, status=SweepStatus()))
-    return len(bare) + STATUS_BESIDES_CELLS + _widest_cells(sweep.spec)
-
-
-_widest_memo: OrderedDict[bytes, int] = OrderedDict()
+    return len(bare) + STATUS_BESIDES_CELLS + _widest_cells(sweep.spec, key)
 
 
 def _widest_cells(spec: SweepSpec, key: bytes | None = None) -> int:
-    """``widest_cells_bytes``, once per distinct spec (least recently used out, as :func:`_remembered`;
-    ``key``: the spec's :func:`_spec_key`, if made already): it depends on the spec alone and walks every
-    matrix value, ~10 µs of a create for examples/sweep.yaml."""
-    key = key or _spec_key("Sweep", spec)
-    found = _widest_memo.get(key)
-    if found is not None:
-        _widest_memo.move_to_end(key)
-        return found
-    found = _widest_memo[key] = widest_cells_bytes(spec)
-    if len(_widest_memo) > SPEC_MEMO_SIZE:
-        _widest_memo.popitem(last=False)
-    return found
+    """``widest_cells_bytes``, once per distinct spec (``key``: the spec's :func:`_spec_key`, if made
+    already): it depends on the spec alone and walks every matrix value, ~10 µs of a create for
+    examples/sweep.yaml."""
+    return _widest_memo.get(key or _spec_key("Sweep", spec), lambda: widest_cells_bytes(spec))
 
 
 def _stored_size(errs: ErrorList, sweep: Sweep, key: bytes) -> None:
@@ -1211,8 +1201,7 @@ def _stored_size(errs: ErrorList, sweep: Sweep, key: bytes) -> None:
     row makes the controller's write fail (ADR-0025). Over the cell cap it is refused for that alone."""
     if count_cells(sweep.spec) > MAX_CELLS:
         return
-    bare = _size_encoder.encode(msgspec.structs.replace(sweep, status=SweepStatus()))
-    size = len(bare) + STATUS_BESIDES_CELLS + _widest_cells(sweep.spec, key)
+    size = widest_sweep_bytes(sweep, key)
     if size > MAX_SWEEP_BYTES:
         cells = widest_cells_bytes(sweep.spec)
         errs.add(
@@ -1275,13 +1264,10 @@ def validate_budget(budget: Budget) -> list[FieldError]:
 # Specs seen before
 # ---------------------------------------------------------------------------------------------------------
 
-SPEC_MEMO_SIZE: Final = 512
-"""How many specs' verdicts are kept. A spec's rules depend on the spec alone (not on the time, the name or
-anything stored), and the same spec comes back often: a Sweep file submitted again under a new name, a
-client's retry, `kubectl apply` of an unchanged file, a dry run and then its create. Checking one is
-~50 µs of the gateway's CPU for a Sweep like examples/sweep.yaml; encoding it to look it up is ~1 µs."""
-
-_memo: OrderedDict[bytes, tuple[FieldError, ...]] = OrderedDict()
+# Checking a spec is ~50 µs of the gateway's CPU for a Sweep like examples/sweep.yaml; encoding it to look
+# it up is ~1 µs (remembering.py says why the same spec comes back).
+_memo: Memo[bytes, tuple[FieldError, ...]] = Memo(SPEC_MEMO_SIZE)
+_widest_memo: Memo[bytes, int] = Memo(SPEC_MEMO_SIZE)
 _memo_encoder: Final = msgspec.json.Encoder()
 
 
@@ -1294,13 +1280,10 @@ def _spec_key(kind: str, spec: Any) -> bytes:
 def _remembered(key: bytes, check: Callable[[ErrorList], None]) -> tuple[FieldError, ...]:
     """The errors ``check`` finds in the spec whose :func:`_spec_key` is ``key``, found once per distinct
     spec (least recently used out). FieldErrors are immutable, so sharing is safe."""
-    found = _memo.get(key)
-    if found is not None:
-        _memo.move_to_end(key)
-        return found
-    errs = ErrorList()
-    check(errs)
-    result = _memo[key] = tuple(errs.as_list())
-    if len(_memo) > SPEC_MEMO_SIZE:
-        _memo.popitem(last=False)
-    return result
+
+    def found() -> tuple[FieldError, ...]:
+        errs = ErrorList()
+        check(errs)
+        return tuple(errs.as_list())
+
+    return _memo.get(key, found)

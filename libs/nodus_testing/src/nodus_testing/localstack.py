@@ -61,8 +61,9 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     """Variables for every process of the stack, over this process's (e.g. an OTLP endpoint)."""
     s3: bool = True
-    """Start SeaweedFS for the agents' checkpoints and outputs. Without it the agents have no store: Jobs
-    run, but checkpoints and outputs are refused (a GPU host without the ``weed`` binary)."""
+    """Start SeaweedFS for the agents' checkpoints and outputs. Without it the agents have no store (a GPU
+    host without the ``weed`` binary): Jobs run, no checkpoint is kept, and a Job that declares outputs
+    fails its run, since they cannot be committed."""
 
     @property
     def state_file(self) -> Path:
