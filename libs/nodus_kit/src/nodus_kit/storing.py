@@ -118,6 +118,18 @@ async def _js_publish(nc: NATS, subject: str, data: bytes, headers: dict[str, st
     return ack.seq
 
 
+_Create = tuple[str, bytes, "asyncio.Future[int]"]
+"""A queued create: its key, its encoded object, and the future its caller awaits (the revision)."""
+
+
+def _write_headers(last: int, op: str) -> dict[str, str]:
+    """The headers of an ObjectStore write: compare-and-set on the key's last sequence, and the op."""
+    headers = {EXPECTED_LAST_SUBJECT_SEQ: str(last), NODUS_OP: op}
+    if op == "delete":
+        headers[KV_OP] = "DEL"
+    return headers
+
+
 class _BatchRefused(Exception):
     """The batch a create was in was refused as a whole (a name in it is taken, or the stream takes no
     atomic batches): nothing of it was stored, so the create is made again on its own."""
@@ -138,7 +150,7 @@ class _Creates:
 
     def __init__(self, store: ObjectStore[Any]) -> None:
         self.store = store
-        self.queue: list[tuple[str, bytes, asyncio.Future[int]]] = []
+        self.queue: list[_Create] = []
         self.flushers: set[asyncio.Task[None]] = set()
         self.atomic = True  # False once the stream said it takes no atomic batches
         self.batch_prefix = uuid.uuid4().hex[:16]
@@ -176,7 +188,7 @@ class _Creates:
                 if not future.done():
                     future.set_result(first + i)
 
-    async def _commit(self, batch: list[tuple[str, bytes, asyncio.Future[int]]]) -> int:
+    async def _commit(self, batch: list[_Create]) -> int:
         """Write the batch; the sequence of its first create."""
         store = self.store
         if len(batch) == 1:
@@ -185,10 +197,15 @@ class _Creates:
         batch_id = f"{self.batch_prefix}-{next(self.batches)}"
         last = len(batch) - 1
         for i, (key, data, _) in enumerate(batch[:last]):
-            headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(i + 1), **_CREATE_HEADERS}
+            headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(i + 1), **_write_headers(0, "create")}
             await store.nc.publish(store.prefix + key, data, headers=headers)
         key, data, _ = batch[last]
-        headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(last + 1), BATCH_COMMIT: "1", **_CREATE_HEADERS}
+        headers = {
+            BATCH_ID: batch_id,
+            BATCH_SEQUENCE: str(last + 1),
+            BATCH_COMMIT: "1",
+            **_write_headers(0, "create"),
+        }
         try:
             seq = await _js_publish(store.nc, store.prefix + key, data, headers, PUBLISH_TIMEOUT_S)
         except APIError as e:
@@ -200,12 +217,6 @@ class _Creates:
             raise
         store._writes["create"].inc(len(batch))
         return seq - last
-
-
-_CREATE_HEADERS: dict[str, str] = {EXPECTED_LAST_SUBJECT_SEQ: "0", NODUS_OP: "create"}
-
-
-_Create = tuple[str, bytes, "asyncio.Future[int]"]
 
 
 def _unique_keys(queue: list[_Create], most: int) -> tuple[list[_Create], list[_Create]]:
@@ -376,9 +387,7 @@ class ObjectStore(Generic[T]):
             return self._with_rv(final, seq)
 
     async def _publish(self, key: str, data: bytes, *, last: int, op: str) -> int:
-        headers = {EXPECTED_LAST_SUBJECT_SEQ: str(last), NODUS_OP: op}
-        if op == "delete":
-            headers[KV_OP] = "DEL"
+        headers = _write_headers(last, op)
         try:
             seq = await _js_publish(self.nc, self.prefix + key, data, headers, PUBLISH_TIMEOUT_S)
         except APIError as e:
