@@ -46,12 +46,14 @@ META_PREFIX = "_meta"
 COMPACTED_KEY = f"{META_PREFIX}.compacted"
 WRONG_LAST_SEQUENCE = (10071, 10164)
 ATOMIC_PUBLISH_DISABLED = 10174  # a stream without allow_atomic (declared before ADR-0034)
+CREATE_SETTLE_S = 5.0
+"""How long a create refused for a write no read shows yet waits for it to show (see ObjectStore.create)."""
 PUBLISH_TIMEOUT_S = 5.0  # as nats-py's JetStreamContext: a write the stream does not ack by then failed
 MAX_CREATE_BATCH = 128
+"""Creates committed together at most (nats-server takes up to 1,000 messages in an atomic batch)."""
 BATCHES_IN_FLIGHT = 2
 """Batches being written at once: the next one is sent while the last one syncs, so the stream is not idle
 between a batch's ack and the next batch (measured on the gateway bench: 1, 2 and 4; 2 did best)."""
-"""Creates committed together at most (nats-server takes up to 1,000 messages in an atomic batch)."""
 BATCH_ID, BATCH_SEQUENCE, BATCH_COMMIT = "Nats-Batch-Id", "Nats-Batch-Sequence", "Nats-Batch-Commit"
 
 
@@ -314,16 +316,33 @@ class ObjectStore(Generic[T]):
         try:
             seq = await self._creates.create(key, data)
         except Conflict:
-            # The subject has history: either a live object (AlreadyExists) or a delete marker, which a
-            # create may replace (compare-and-set on the marker's revision, as nats-py's kv.create does).
+            seq = await self._create_over_history(key, data, meta)
+        return self._with_rv(obj, seq)
+
+    async def _create_over_history(self, key: str, data: bytes, meta: Any) -> int:
+        """A create refused because the subject has history: either a live object (AlreadyExists) or a
+        delete marker, which a create may replace (compare-and-set on the marker's revision, as nats-py's
+        kv.create does).
+
+        A replicated stream's leader checks a write against the writes it has proposed, not only those
+        applied, so a create can be refused for another's create that no read shows yet (seen in
+        tests/cluster: AlreadyExists, then NotFound from a get). The reads are repeated until they show
+        the object, for up to :data:`CREATE_SETTLE_S`, so that after AlreadyExists a get finds it."""
+        taken = AlreadyExists(f"{self.bucket} {meta.namespace}/{meta.name} already exists")
+        end = time.monotonic() + CREATE_SETTLE_S
+        pause = 0.005
+        while True:
             marker = await self._marker_revision(key)
             if marker is None:
-                raise AlreadyExists(f"{self.bucket} {meta.namespace}/{meta.name} already exists") from None
+                raise taken
             try:
-                seq = await self._publish(key, data, last=marker, op="create")
+                return await self._publish(key, data, last=marker, op="create")
             except Conflict:
-                raise AlreadyExists(f"{self.bucket} {meta.namespace}/{meta.name} already exists") from None
-        return self._with_rv(obj, seq)
+                if time.monotonic() >= end:
+                    raise taken from None
+            # Someone's write is proposed but not yet readable: read again shortly.
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
     async def _marker_revision(self, key: str) -> int | None:
         try:
