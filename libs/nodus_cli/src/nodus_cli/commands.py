@@ -63,8 +63,9 @@ def _defaulted(kind: Kind, obj: Any) -> Any:
 # ---------------------------------------------------------------------------------------------------------
 
 
-Applied = tuple[Kind, str, str]
-"""What apply created or found unchanged: kind, namespace, name."""
+Applied = tuple[Kind, str, str, dict[str, Any] | None]
+"""What apply created or found unchanged: kind, namespace, name, and the object as the create returned it
+(None when it was already there), which ``--wait`` follows from."""
 
 
 def apply(
@@ -88,8 +89,10 @@ def apply(
         else:
             applied.append(done)
     if wait and api is not None:
-        for kind, namespace, name in applied:
-            if kind in COMPUTE_KINDS and waiting.wait(api, kind, namespace, name) != exiting.OK:
+        for kind, namespace, name, created in applied:
+            if kind not in COMPUTE_KINDS:
+                continue
+            if waiting.wait(api, kind, namespace, name, start=created) != exiting.OK:
                 failed += 1
     return exiting.FAILED if failed else exiting.OK
 
@@ -120,12 +123,12 @@ def _apply_one(client: Client, config: Config, doc: manifests.Document) -> Appli
     except ApiError as e:
         if e.reason == "AlreadyExists" and meta.get("name"):
             same = _already_there(client, kind, namespace, meta["name"], doc)
-            return (kind, namespace, meta["name"]) if same else None
+            return (kind, namespace, meta["name"], None) if same else None
         _err(status_text(e.status))
         return None
     name = created["metadata"]["name"]
     _out(f"{kind.ref(name)} created")
-    return (kind, namespace, name)
+    return (kind, namespace, name, created)
 
 
 def _already_there(client: Client, kind: Kind, namespace: str, name: str, doc: manifests.Document) -> bool:

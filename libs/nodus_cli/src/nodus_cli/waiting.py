@@ -104,12 +104,15 @@ class ProgressLine:
         self.last = ""
 
 
-def wait(api: Requests, kind: Kind, namespace: str, name: str) -> int:
-    """Follow one Sweep or Job until it ends: 0 if it Succeeded, 1 otherwise. Ctrl-C propagates (130)."""
+def wait(api: Requests, kind: Kind, namespace: str, name: str, *, start: dict[str, Any] | None = None) -> int:
+    """Follow one Sweep or Job until it ends: 0 if it Succeeded, 1 otherwise. Ctrl-C propagates (130).
+    ``start``: the object as its create returned it, followed from there (see :func:`watching.changes`)."""
     ending = Ending(kind)
     line = ProgressLine()
     try:
-        for change in watching.changes(api, kind, namespace, name=name, timeout_s=ending.remaining):
+        for change in watching.changes(
+            api, kind, namespace, name=name, timeout_s=ending.remaining, start=start
+        ):
             code = ending.update(change)
             if ending.latest is not None and not ending.deleted:
                 line.show(progress(kind, ending.latest))

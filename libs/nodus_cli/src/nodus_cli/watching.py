@@ -61,11 +61,15 @@ def changes(
     selector: str | None = None,
     timeout_s: Callable[[], float | None] = lambda: None,
     poll_s: float = POLL_INTERVAL_S,
+    start: dict[str, Any] | None = None,
 ) -> Iterator[Change]:
     """Every change of the objects (one object with ``name``), forever: the caller stops iterating.
 
     ``timeout_s`` is asked before each watch request: a number ends that stream after about as long
-    (a TICK follows), so a caller waiting for a deadline gets to look at the clock.
+    (a TICK follows), so a caller waiting for a deadline gets to look at the clock. ``start`` is the one
+    object as the caller already has it (what its create returned): it is the first state, and the watch
+    follows from its resourceVersion, so no state after it is missed and none before it is shown (a first
+    get could already find a later one).
     """
     if not kind.watchable:
         yield from _polled(api, kind, namespace, name=name, selector=selector, poll_s=poll_s)
@@ -77,7 +81,12 @@ def changes(
         params["fieldSelector"] = f"metadata.name={name}"
     while True:
         yield Change(RESET)
-        rv: str | None = yield from _listed(api, kind, namespace, name=name, selector=selector)
+        rv: str | None
+        if start is not None and _rv(start):
+            yield Change("ADDED", start)
+            rv, start = _rv(start), None
+        else:
+            rv = yield from _listed(api, kind, namespace, name=name, selector=selector)
         yield Change(SYNCED)
         while rv is not None:
             rv = yield from _watched(api, kind, namespace, {**params, "resourceVersion": rv}, timeout_s())
