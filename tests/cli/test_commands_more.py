@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+import threading
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
@@ -23,6 +24,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.quoting import serve_quotes
 from nodus_cli import main, watching
+from nodus_cli import waiting as waiting_module
 from nodus_cli.kinds import JOB
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.cataloging import load_catalog
@@ -33,7 +35,6 @@ from nodus_schema.attempts import Attempt, AttemptSpec
 from nodus_schema.costs import Cost
 from nodus_schema.nodes import GPUDevice, Node, NodeSpec, NodeStatus
 from nodus_testing.processes import free_port
-from nodus_testing.waiting import eventually
 
 TOKEN = "cli-test-token-0123456789"  # the gateway_url fixture's admin token (tests/cli/conftest.py)
 
@@ -476,28 +477,29 @@ async def test_login_writes_a_private_context_that_later_commands_use(
 
 
 async def test_apply_wait_follows_each_job_to_its_end(
-    nodus: Cli, nc: NATS, tmp_path: Path, unique: str
+    nodus: Cli, nc: NATS, tmp_path: Path, unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = ObjectStore(nc, "jobs", Job)
-    waiting = asyncio.create_task(nodus("apply", "-f", write(tmp_path, "job.yaml", JOB_YAML), "--wait"))
-
-    async def created() -> bool:
-        try:
-            await store.get(unique, "train")
-        except Exception:
-            return False
-        return True
-
-    await eventually(created, message="apply never created the Job")
 
     def status(s: JobStatus) -> Any:
         return lambda j: msgspec.structs.replace(j, status=s)
 
-    await store.mutate(
-        unique,
-        "train",
-        status(JobStatus(phase="Running", active=1, cost=Cost(total_usd="0.01", rate_usd_per_hour="2.99"))),
-    )
+    # apply is held between its create and its wait while the Job goes Running: the Pending it was
+    # created in must still be shown (apply follows from what its create returned, not from a later read).
+    running_written = threading.Event()
+    real_wait = waiting_module.wait
+
+    def held_wait(*args: Any, **kwargs: Any) -> int:
+        assert running_written.wait(10), "the test never wrote Running"
+        return real_wait(*args, **kwargs)
+
+    monkeypatch.setattr(waiting_module, "wait", held_wait)
+    async with store.watch(unique, resource_version=await store.last_revision(), name="train") as w:
+        waiting = asyncio.create_task(nodus("apply", "-f", write(tmp_path, "job.yaml", JOB_YAML), "--wait"))
+        assert (await w.next(timeout=10)).type == "ADDED", "apply never created the Job"
+    running = JobStatus(phase="Running", active=1, cost=Cost(total_usd="0.01", rate_usd_per_hour="2.99"))
+    await store.mutate(unique, "train", status(running))
+    running_written.set()
     await store.mutate(
         unique,
         "train",
