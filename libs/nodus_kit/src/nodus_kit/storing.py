@@ -334,7 +334,7 @@ class ObjectStore(Generic[T]):
         while True:
             marker = await self._marker_revision(key)
             if marker is None:
-                raise taken
+                raise taken from None  # not "during handling of" the Conflict that brought us here
             try:
                 return await self._publish(key, data, last=marker, op="create")
             except Conflict:
