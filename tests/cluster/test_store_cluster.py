@@ -9,9 +9,11 @@ waits for that write to show before it answers AlreadyExists: after AlreadyExist
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import nats
+from nats.js.errors import NoStreamResponseError
 
 from nodus_kit import declaring
 from nodus_kit.errors import AlreadyExists
@@ -19,6 +21,7 @@ from nodus_kit.storing import ObjectStore
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.offerings import Offering
 from nodus_testing.natscluster import NatsCluster
+from nodus_testing.waiting import eventually
 
 NAMES = 150
 
@@ -32,6 +35,18 @@ async def _create_then_get(store: ObjectStore[Offering], name: str) -> str:
         return "found"
 
 
+async def _writable(store: ObjectStore[Offering], name: str) -> bool:
+    """Whether a write through this store's server reaches the new stream: just after it is declared, a
+    server that has not yet learned the stream's subjects answers no responders (nothing is written)."""
+    try:
+        await store.create(Offering(metadata=ObjectMeta(name=name)))
+    except NoStreamResponseError:
+        return False
+    except AlreadyExists:
+        pass  # an earlier try was stored after all
+    return True
+
+
 async def test_after_already_exists_a_get_finds_the_object_on_an_r3_bucket(tmp_path: Path) -> None:
     with NatsCluster(3, tmp_path / "nats") as cluster:
         # Each writer on its own server, so the two creates of a name race through different routes.
@@ -39,6 +54,9 @@ async def test_after_already_exists_a_get_finds_the_object_on_an_r3_bucket(tmp_p
         try:
             await declaring.ensure(conns[0].jetstream(), (declaring.bucket("offerings"),), (), replicas=3)
             a, b = (ObjectStore(nc, "offerings", Offering) for nc in conns)
+            for store, name in ((a, "ready-a"), (b, "ready-b")):
+                ready = functools.partial(_writable, store, name)
+                await eventually(ready, deadline_s=30, message="R3 bucket not ready")
             answers: list[str] = []
             for i in range(NAMES):
                 name = f"o-{i}"
