@@ -132,6 +132,10 @@ def _write_headers(last: int, op: str) -> dict[str, str]:
     return headers
 
 
+_CREATE_HEADERS: dict[str, str] = _write_headers(0, "create")
+"""A batched create's write headers, made once: a batch member's are these plus the batch's own."""
+
+
 class _BatchRefused(Exception):
     """The batch a create was in was refused as a whole (a name in it is taken, or the stream takes no
     atomic batches): nothing of it was stored, so the create is made again on its own."""
@@ -199,14 +203,14 @@ class _Creates:
         batch_id = f"{self.batch_prefix}-{next(self.batches)}"
         last = len(batch) - 1
         for i, (key, data, _) in enumerate(batch[:last]):
-            headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(i + 1), **_write_headers(0, "create")}
+            headers = {BATCH_ID: batch_id, BATCH_SEQUENCE: str(i + 1), **_CREATE_HEADERS}
             await store.nc.publish(store.prefix + key, data, headers=headers)
         key, data, _ = batch[last]
         headers = {
             BATCH_ID: batch_id,
             BATCH_SEQUENCE: str(last + 1),
             BATCH_COMMIT: "1",
-            **_write_headers(0, "create"),
+            **_CREATE_HEADERS,
         }
         try:
             seq = await _js_publish(store.nc, store.prefix + key, data, headers, PUBLISH_TIMEOUT_S)
