@@ -21,6 +21,10 @@ from datetime import timedelta
 from decimal import Context, Decimal, Inexact, InvalidOperation, localcontext
 
 __all__ = [
+    "MAX_DURATION",
+    "MAX_INT32",
+    "MAX_USD",
+    "MAX_USD_MICROS",
     "MICROS_PER_USD",
     "duration_micros",
     "format_bytes",
@@ -36,6 +40,15 @@ __all__ = [
     "parse_usd",
     "usd_to_micros",
 ]
+
+# The documented ranges of what admission lets through (docs/errors/Invalid.md): every service downstream
+# may rely on them (billing's books, the scheduler's timers), so no admitted value can overflow a book or
+# a timer. Money: at most MAX_USD with at most 6 decimals, so every amount fits an int64 of micro-dollars
+# with room for sums. Counts and seconds: Kubernetes' int32. Durations: at most MAX_DURATION.
+MAX_INT32 = 2**31 - 1
+MAX_USD = Decimal("1000000000")  # one billion dollars
+MAX_USD_MICROS = 1_000_000_000 * 1_000_000
+MAX_DURATION = timedelta(seconds=MAX_INT32)  # about 68 years
 
 # Longer inputs are refused outright: a quantity or an amount never needs more, and this bounds the work.
 _MAX_LEN = 64
