@@ -21,3 +21,17 @@ async def nc(nats_url: str) -> AsyncIterator[NATS]:
     await declaring.ensure(conn.jetstream())
     yield conn
     await conn.close()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def node_access(nc: NATS) -> AsyncIterator[None]:
+    """The gateway's Node authorizer (nodus_gateway.noding) on the session's bus: node agents ask it for
+    their runs' Secrets and Connections and whether a StartAttempt is theirs, so a test that runs an
+    agent without the gateway's process needs it (and nodus_testing.binding.bind for each run)."""
+    from nodus_gateway.noding import serve_nodes
+    from nodus_gateway.resources import stores_for
+
+    subs = await serve_nodes(nc, stores_for(nc))
+    yield
+    for sub in subs:
+        await sub.unsubscribe()

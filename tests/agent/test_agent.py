@@ -45,10 +45,13 @@ from nodus_schema.messages import (
 )
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.nodes import Node
+from nodus_testing.binding import bind
 from nodus_testing.waiting import eventually
 
 NAMESPACE = "team-a"
 ASSIGNMENTS = "NODUS_ASSIGNMENTS"
+# Agents ask the gateway's Node authorizer for their runs (ADR-0026): it answers on the session's bus.
+pytestmark = pytest.mark.usefixtures("node_access")
 
 
 # -- harness ----------------------------------------------------------------------------------------------
@@ -95,10 +98,14 @@ class Agent:
         return self.workdir / NAMESPACE / attempt
 
     def start_msg(self, attempt: str, command: list[str], **fields: Any) -> StartAttempt:
-        defaults: dict[str, Any] = {"namespace": NAMESPACE, "job": "train", "index": 0, "attempt_no": 1}
+        # One Job per test (its node is the test's own): the Node authorizer gives a run what its Job names.
+        job = f"train-{self.node}"
+        defaults: dict[str, Any] = {"namespace": NAMESPACE, "job": job, "index": 0, "attempt_no": 1}
         return StartAttempt(**{**defaults, **fields}, attempt=attempt, node=self.node, command=command)
 
     async def assign(self, msg: StartAttempt | StopAttempt, msg_id: str) -> int:
+        if isinstance(msg, StartAttempt):
+            await bind(self.nc, msg)  # what the scheduler writes first: the agent checks it (ADR-0026)
         ack = await messaging.publish(self.nc.jetstream(), f"nodus.assign.{self.node}", msg, msg_id=msg_id)
         return int(ack.seq)
 
@@ -118,6 +125,7 @@ class Agent:
 
 
 async def start_agent(nats_url: str, nc: NATS, node: str, workdir: Path, **env: str) -> Agent:
+    # The gateway's Node authorizer must answer: tests that start agents ask for the node_access fixture.
     reports = Reports()
     sub = await nc.jetstream().subscribe(
         f"nodus.report.{node}.>",
@@ -230,7 +238,8 @@ async def test_program_sees_the_env_contract(
     assert seen["NODUS_PARAM_LR"] == "0.001"
     assert seen["NODUS_INDEX"] == seen["JOB_COMPLETION_INDEX"] == "3"
     assert seen["NODUS_ATTEMPT"] == attempt  # the contract wins over the job's env
-    assert (seen["NODUS_JOB"], seen["NODUS_NAMESPACE"], seen["NODUS_NODE"]) == ("train", NAMESPACE, unique)
+    want = (f"train-{unique}", NAMESPACE, unique)
+    assert (seen["NODUS_JOB"], seen["NODUS_NAMESPACE"], seen["NODUS_NODE"]) == want
     assert seen["NODUS_REPORT"] == str(root / "report.jsonl")
     assert (seen["NODUS_STATE"], seen["NODUS_INPUTS"]) == (str(root / "state"), str(root / "inputs"))
     assert "NODUS_AGENT_SECRET_FOR_TEST" not in seen

@@ -9,9 +9,10 @@ import pytest
 
 from nodus_agent import retaining, s3
 from nodus_agent.checkpointing import Checkpointer
-from nodus_kit.errors import NotFound
+from nodus_schema import noding
 from nodus_schema.jobs import CheckpointPolicy, Job, JobSpec, JobStatus, Recovery
 from nodus_schema.meta import ObjectMeta, format_time
+from nodus_schema.noding import JobFolder
 from nodus_testing.seaweed import SeaweedS3
 
 NAMESPACE = "team-a"
@@ -28,25 +29,27 @@ def job(name: str, uid: str, *, finished: datetime | None = None, retain: str | 
 
 
 class Jobs:
+    """The gateway's answer (nodus_gateway.noding) over these Jobs, without the bus: the pure verdict
+    is what this file tests; tests/deploy/test_node_restriction.py asks the real endpoint."""
+
     def __init__(self, *jobs: Job) -> None:
         self.jobs = {j.metadata.name: j for j in jobs}
 
-    async def get(self, namespace: str | None, name: str) -> Job:
-        if name not in self.jobs:
-            raise NotFound(name)
-        return self.jobs[name]
+    async def expired(self, folders: list[JobFolder]) -> list[bool]:
+        now = datetime.now(UTC)
+        return [noding.expired(self.jobs.get(f.name), f.uid8, now) for f in folders]
 
 
 def test_which_jobs_are_expired() -> None:
     now = datetime.now(UTC)
     uid = "0123456789abcdef"
-    assert retaining.expired(None, uid[:8], now)  # deleted
-    assert retaining.expired(job("a", "ffffffff00000000"), uid[:8], now)  # a new Job of that name
-    assert not retaining.expired(job("a", uid), uid[:8], now)  # still running
+    assert noding.expired(None, uid[:8], now)  # deleted
+    assert noding.expired(job("a", "ffffffff00000000"), uid[:8], now)  # a new Job of that name
+    assert not noding.expired(job("a", uid), uid[:8], now)  # still running
     done = now - timedelta(hours=2)
-    assert not retaining.expired(job("a", uid, finished=done), uid[:8], now)  # 168h by default
-    assert retaining.expired(job("a", uid, finished=done, retain="1h"), uid[:8], now)
-    assert not retaining.expired(job("a", uid, finished=done, retain="3h"), uid[:8], now)
+    assert not noding.expired(job("a", uid, finished=done), uid[:8], now)  # 168h by default
+    assert noding.expired(job("a", uid, finished=done, retain="1h"), uid[:8], now)
+    assert not noding.expired(job("a", uid, finished=done, retain="3h"), uid[:8], now)
 
 
 @pytest.mark.s3

@@ -63,7 +63,7 @@ EXAMPLES = [
     ("$KV.jobs._meta.compacted", "CompactedRevision"),
     ("nodus.assign.h100-us-1", "Assignment"),
     ("nodus.report.h100-us-1.default.lr-0-abcd1234-0-a1", "Report"),
-    ("nodus.logs.default.lr-0.lr-0-abcd1234-0-a1", "LogLines"),
+    ("nodus.logs.n1.default.lr-0.lr-0-abcd1234-0-a1", "LogLines"),
     ("nodus.events.default.jobs.lr-0", "ObjectEvent"),
     ("nodus.events._.nodes.h100-us-1", "ObjectEvent"),
     ("nodus.dead.NODUS_REPORTS.billing", "Report"),
@@ -76,6 +76,8 @@ EXAMPLES = [
     ("nodus.rpc.billing.account", "AccountRequest"),
     ("nodus.rpc.billing.grant", "GrantRequest"),
     ("nodus.rpc.billing.usage", "UsageRequest"),
+    ("nodus.rpc.node.n1.secrets", "RunSecretsRequest"),
+    ("nodus.rpc.node.n1.retention", "RetentionRequest"),
     ("nodus.billing.anything.at.all", subjects.UNKNOWN),
 ]
 
@@ -210,7 +212,7 @@ def test_log_lines_print_one_line_each() -> None:
             LogLine(time=NOW.isoformat(), text="world", stream="stderr"),
         ],
     )
-    lines = tailing.render_text(tailing.decode("nodus.logs.default.j.a1", {}, _enc(batch), NOW))
+    lines = tailing.render_text(tailing.decode("nodus.logs.n1.default.j.a1", {}, _enc(batch), NOW))
     assert [line.split(" ", 3)[3] for line in lines] == ["default/a1 log: hello", "default/a1 stderr: world"]
 
 
@@ -345,7 +347,7 @@ async def test_tail_decodes_each_kind_of_message_live(
     node, ns, job, attempt = f"n{unique}", "default", f"j{unique}", f"a{unique}"
     # Streams: from the start of a filter only this test publishes on, so no race with the subscription.
     reports = await _tail(nats_url, f"nodus.report.{node}.>", "--all", "-o", "json")
-    logs = await _tail(nats_url, f"nodus.logs.{ns}.{job}.*", "--all")
+    logs = await _tail(nats_url, f"nodus.logs.*.{ns}.{job}.*", "--all")
     events = await _tail(nats_url, f"nodus.events.{ns}.jobs.{job}", "--since", "1h")
     dead = await _tail(nats_url, f"nodus.dead.NODUS_REPORTS.c{unique}", "--all")
     nodes = await _tail(nats_url, f"$KV.nodes._.{node}", "--all")
@@ -360,7 +362,7 @@ async def test_tail_decodes_each_kind_of_message_live(
         namespace=ns, job=job, attempt=attempt, index=0, attempt_no=1, node=node, offset=0, end=6,
         lines=[LogLine(time=now_rfc3339(), text=f"hello {unique}")],
     )  # fmt: skip
-    await messaging.publish(js, f"nodus.logs.{ns}.{job}.{attempt}", batch, msg_id=f"{attempt}:log:0-6")
+    await messaging.publish(js, f"nodus.logs.n1.{ns}.{job}.{attempt}", batch, msg_id=f"{attempt}:log:0-6")
     event = ObjectEvent(
         namespace=ns, kind="Job", name=job, uid=unique, reason="Running", message="placed", time=now_rfc3339()
     )

@@ -26,6 +26,7 @@ from nodus_gateway.server import ApiServer
 from nodus_kit.storing import ObjectStore
 from nodus_schema import Job
 from nodus_schema.attempts import attempt_name
+from nodus_testing.binding import bind_attempt
 from nodus_testing.waiting import eventually
 
 from .conftest import ADMIN_TOKEN
@@ -64,6 +65,9 @@ class Shipping:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as f:
             f.write("".join(f"{line}\n" for line in lines))
+        job = await ObjectStore(self.nc, "jobs", Job).get(self.namespace, self.job)
+        # The Attempt the scheduler would have written: the gateway shows a line only from its node.
+        await bind_attempt(self.nc, self.namespace, name, job, "node-1", index=index, attempt_no=attempt)
         source = LogSource(self.namespace, self.job, name, index, attempt, "node-1")
         assert await LogShipper(self.nc, source, log).close(final=True)
 
@@ -255,7 +259,7 @@ async def test_nodus_logs_follow_ends_with_the_job(
 
     async def reading() -> bool:  # the gateway's consumer for this Job exists: later lines are "new"
         infos = await nc.jetstream().consumers_info(logstreaming.STREAM)
-        return any(i.config.filter_subject == f"nodus.logs.{unique}.follow-me.*" for i in infos)
+        return any(i.config.filter_subject == f"nodus.logs.*.{unique}.follow-me.*" for i in infos)
 
     await eventually(reading, message="the CLI's request never reached the stream")
     await ship.lines(0, 1, ["while following"])

@@ -176,6 +176,16 @@ def served(endpoint: str, outcome: str) -> None:
     RPC_REQUESTS.labels(endpoint, outcome).inc()
 
 
+# -- node restriction (nodus_kit.vouching) ----------------------------------------------------------
+REFUSED_FROM_NODES: Final = Counter(
+    "nodus_node_messages_refused",
+    "Reports, log lines and requests of a node agent about an Attempt that is not bound to that node "
+    "(dropped: a compromised or misconfigured GPU host), by the service and what it refused",
+    ["service", "what"],
+    registry=REGISTRY,
+)
+
+
 # -- the object store and leases ------------------------------------------------------------------------
 STORE_WRITES: Final = Counter(
     "nodus_store_writes",

@@ -255,6 +255,24 @@ async def serve(
     nats-py calls a subscription's callback one message at a time; with ``concurrency`` above 1 each
     request runs in its own task, at most that many at once, so handlers that wait on shared work (a
     group commit) wait together."""
+
+    async def call(request: T, _subject: str) -> Any:
+        return await handler(request)
+
+    return await serve_subject(nc, subject, request_type, call, queue=queue, concurrency=concurrency)
+
+
+async def serve_subject(
+    nc: NATS,
+    subject: str,
+    request_type: type[T],
+    handler: Callable[[T, str], Awaitable[Any]],
+    *,
+    queue: str = "",
+    concurrency: int = 1,
+) -> Any:
+    """:func:`serve` for a wildcard ``subject`` whose handler needs the subject each request came on (a
+    token of it names who asks, as ``nodus.rpc.node.<node>.secrets`` does)."""
     decoder = msgspec.json.Decoder(request_type)
 
     async def handle(msg: Msg) -> None:
@@ -263,7 +281,7 @@ async def serve(
             with tracing.tracer.start_as_current_span(
                 f"serve {subject}", context=tracing.extract(msg.headers)
             ):
-                reply = await handler(decoder.decode(msg.data))
+                reply = await handler(decoder.decode(msg.data), msg.subject)
             await msg.respond(_encoder.encode(reply))
             measuring.served(subject, "ok")
         except msgspec.DecodeError as e:

@@ -42,6 +42,7 @@ from nats.js.errors import NotFoundError
 from nodus_kit import declaring
 from nodus_schema.billing import ACCOUNT_SUBJECT, FUNDING_BUCKET, GRANT_SUBJECT, HOLD_SUBJECT, USAGE_SUBJECT
 from nodus_schema.estimating import ESTIMATE_SUBJECT, QUOTE_SUBJECT
+from nodus_schema.noding import retention_subject, secrets_subject
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,9 @@ GATEWAY = Access(
     ),
     reads=(LOGS,),
     requests=(ESTIMATE_SUBJECT, QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT),
+    # The Node authorizer (nodus_gateway.noding): a run's Secrets and Connections for the node it is
+    # bound to, and retention verdicts; the node is the subject's fourth token.
+    serves=(secrets_subject("*"), retention_subject("*")),
 )
 SWEEPS = Access(
     "cell Jobs of each Sweep, Sweep status",
@@ -170,14 +174,14 @@ def agent(node: str) -> Access:
 def _agent(node: str) -> Access:
     durable = f"agent-{node}"
     return Access(
-        f"the node agent of {node}: its Node, its assignments, its reports, logs, Secrets it runs with",
-        # A node runs any project's work: it reads the Secrets, Connections and Jobs its assignments
-        # name, key by key, but cannot list or scan those buckets.
-        gets=("jobs", "secrets", "connections"),
+        f"the node agent of {node}: its Node, its assignments, its own reports and logs; asks for its runs",
+        # Node restriction (the model: Kubernetes' Node authorizer): no bucket of tenants' data, not even
+        # key by key. A run's Secrets and Connections come from the gateway, which answers only for
+        # Attempts bound to this node (nodus_schema.noding); reports and logs name this node.
         keys=(("nodes", f"_.{node}"), ("leases", RETENTION_LEASE)),
-        # Log subjects carry no node (nodus.logs.<ns>.<job>.<attempt>): any agent may ship any log.
-        publishes=(f"nodus.report.{node}.>", "nodus.logs.>"),
+        publishes=(f"nodus.report.{node}.>", f"nodus.logs.{node}.>"),
         durables=(Durable(ASSIGNMENTS, durable, f"nodus.assign.{node}"),),
+        requests=(secrets_subject(node), retention_subject(node)),
     )
 
 

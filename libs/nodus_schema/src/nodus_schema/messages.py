@@ -4,7 +4,7 @@ so fields can be added without breaking anyone; tagged unions where one subject 
 * ``nodus.assign.<node>``: :class:`StartAttempt` | :class:`StopAttempt` (scheduler -> node agent)
 * ``nodus.report.<node>.<namespace>.<attempt>``: :class:`AttemptStarted` | :class:`AttemptProgress` |
   :class:`AttemptFinished` | :class:`AttemptCheckpointed` (node agent -> scheduler, billing)
-* ``nodus.logs.<namespace>.<job>.<attempt>``: :class:`LogLines` (node agent -> api-gateway)
+* ``nodus.logs.<node>.<namespace>.<job>.<attempt>``: :class:`LogLines` (node agent -> api-gateway)
 * ``nodus.events.<namespace>.<plural>.<name>``: :class:`ObjectEvent` (every controller -> operators,
   ``nodus tail``; Kubernetes' Events, on the bus)
 """
@@ -74,7 +74,8 @@ class StartAttempt(BusMessage, tag="StartAttempt"):
     launcher: str | None = None
     """Plain, Torchrun, Ray, Verl, Accelerate or Deepspeed (spec.distributed.launcher)."""
     # What the agent needs of the Job's spec beyond the command (#6). Secret values are never here: only
-    # references, which the agent reads from the secrets bucket itself.
+    # references; the agent asks the gateway for the values (nodus_schema.noding), which answers only
+    # while the Attempt is bound to that node.
     job_uid: str | None = None
     """Keys the index's checkpoints and outputs, so a re-created Job of the same name starts clean."""
     inputs: list[JobInput] = msgspec.field(default_factory=list)
@@ -154,7 +155,7 @@ class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
 
 
 class LogLines(BusMessage, tag="LogLines"):
-    """One batch of an attempt's log lines, in order, on ``nodus.logs.<ns>.<job>.<attempt>`` (node agent
+    """One batch of an attempt's log lines, in order, on ``nodus.logs.<node>.<ns>.<job>.<attempt>`` (agent
     -> api-gateway's ``jobs/<name>/log``)."""
 
     namespace: str

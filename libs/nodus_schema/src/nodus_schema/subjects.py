@@ -28,6 +28,7 @@ from nodus_schema.configs import Connection, Secret
 from nodus_schema.estimating import EstimateRequest, QuoteRequest
 from nodus_schema.jobs import Job
 from nodus_schema.messages import Assignment, LogLines, ObjectEvent, Report
+from nodus_schema.noding import RetentionRequest, RunSecretsRequest, retention_subject, secrets_subject
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
 from nodus_schema.sweeps import Sweep
@@ -112,7 +113,7 @@ SUBJECTS: Final[tuple[Subject, ...]] = (
     *_kv_subjects(),
     Subject("nodus.assign.*", "Assignment", Assignment, "NODUS_ASSIGNMENTS"),
     Subject("nodus.report.*.*.*", "Report", Report, "NODUS_REPORTS"),
-    Subject("nodus.logs.*.*.*", "LogLines", LogLines, "NODUS_LOGS"),
+    Subject("nodus.logs.*.*.*.*", "LogLines", LogLines, "NODUS_LOGS"),
     Subject("nodus.events.*.*.*", "ObjectEvent", ObjectEvent, "NODUS_EVENTS"),
     # A dead letter keeps the original body: its type is its stream's.
     Subject("nodus.dead.NODUS_ASSIGNMENTS.*", "Assignment", Assignment, "NODUS_DEAD"),
@@ -120,6 +121,9 @@ SUBJECTS: Final[tuple[Subject, ...]] = (
     Subject("nodus.dead.*.*", "DeadLetter", None, "NODUS_DEAD"),
     Subject("nodus.billing.>", UNKNOWN, None, "NODUS_BILLING"),
     *(Subject(subject, name, typ, None) for subject, (name, typ) in RPC_TYPES.items()),
+    # Node agents' requests (nodus_schema.noding): the node's name is the fourth token.
+    Subject(secrets_subject("*"), "RunSecretsRequest", RunSecretsRequest, None, secret=True),
+    Subject(retention_subject("*"), "RetentionRequest", RetentionRequest, None),
 )
 
 

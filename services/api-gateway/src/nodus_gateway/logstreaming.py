@@ -10,8 +10,11 @@ The body is ``text/plain``, one line per log line. Parameters (Kubernetes' names
   (its phase is terminal and every line published before that was sent).
 
 The lines come from the NODUS_LOGS stream, where node agents publish ``LogLines`` batches on
-``nodus.logs.<ns>.<job>.<attempt>``; each request reads them with an ordered consumer filtered to the
-Job's subjects (``nodus.logs.<ns>.<job>.*``). Attempt names are ``<job>-<uid8>-<index>-a<n>`` (gang
+``nodus.logs.<node>.<ns>.<job>.<attempt>``; each request reads them with an ordered consumer filtered to
+the Job's subjects (``nodus.logs.*.<ns>.<job>.*``). A batch counts only when the node of its subject (the
+bus lets an agent publish on its own node's subjects only), the node it names and its Attempt's node
+agree: one GPU host cannot write lines into another's runs (dropped and counted, nodus_kit.vouching).
+Attempt names are ``<job>-<uid8>-<index>-a<n>`` (gang
 members add ``-m<rank>``), so the uid keeps a deleted Job's lines out of a new same-named Job's log and
 the name says which index and attempt a batch belongs to without decoding it. A batch the agent sent
 twice (after a crash whose cursor was lost) is skipped by its byte range.
@@ -48,7 +51,9 @@ from nodus_gateway.responding import ApiError, store_errors
 from nodus_gateway.routing import API_PREFIX
 from nodus_kit import errors as kit
 from nodus_kit.storing import ObjectStore
+from nodus_kit.vouching import LOG_PREFIX, Forgeries, sender
 from nodus_schema import TERMINAL_PHASES, Job
+from nodus_schema.attempts import Attempt
 from nodus_schema.messages import LogLine, LogLines
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,7 @@ _NO_STREAM: Final = 10059  # JetStream's "stream not found"
 
 
 _decoder = msgspec.json.Decoder(LogLines)
+FORGERIES: Final = Forgeries("gateway", "log")
 
 
 # -- the request --------------------------------------------------------------------------------------------
@@ -95,7 +101,7 @@ class AttemptFilter:
 
 
 def job_subjects(namespace: str, name: str) -> str:
-    return f"nodus.logs.{namespace}.{name}.*"
+    return f"nodus.logs.*.{namespace}.{name}.*"
 
 
 def attempt_filter(job: Job, q: LogQuery) -> AttemptFilter:
@@ -121,6 +127,8 @@ class LogReader:
     js: JetStreamContext
     subjects: str
     keep: Callable[[str], bool]
+    attempts: ObjectStore[Attempt] | None = None
+    """Where the node of each batch's Attempt is read (None: a test of the reader alone)."""
     since: datetime | None = None
     target: int = 0
     """Stream sequence of the last matching batch when the target was set: caught up once it is seen."""
@@ -128,6 +136,8 @@ class LogReader:
     _sub: Any = None
     _shipped: dict[str, int] = field(default_factory=dict)
     """Per attempt, the log byte offset reached: a batch ending at or before it was a re-send."""
+    _nodes: dict[str, str | None] = field(default_factory=dict)
+    """Per attempt, the node it is bound to (None: no such Attempt)."""
 
     async def open(self) -> None:
         await self.set_target()
@@ -174,12 +184,27 @@ class LogReader:
         except msgspec.DecodeError as e:
             log.warning("skipping a log batch that does not decode: %s", e, extra={"subject": msg.subject})
             return []
+        if not await self._from_its_node(msg.subject, batch):
+            return []
         if batch.end <= self._shipped.get(batch.attempt, 0):
             return []  # sent again by an agent that lost its cursor: these lines were shown
         self._shipped[batch.attempt] = batch.end
         if self.since is None:
             return batch.lines
         return [line for line in batch.lines if not _before(line.time, self.since)]
+
+    async def _from_its_node(self, subject: str, batch: LogLines) -> bool:
+        if self.attempts is None:
+            return True
+        parts = subject.split(".")  # nodus.logs.<node>.<ns>.<job>.<attempt>: the filter fixed ns and job
+        token = parts[-1]
+        if token not in self._nodes:
+            try:
+                self._nodes[token] = (await self.attempts.get(parts[3], token)).spec.node
+            except kit.NotFound:
+                self._nodes[token] = None
+        bound = self._nodes[token] if batch.attempt == token else None
+        return FORGERIES.genuine(sender(subject, LOG_PREFIX), batch.node, bound, f"log of {token}")
 
     async def close(self) -> None:
         if self._sub is not None:
@@ -347,7 +372,9 @@ def log_router(stores: Stores) -> APIRouter:
             index or 0, attempt, _flag("follow", follow), tail_lines, since, _flag("timestamps", timestamps)
         )
         _check_index(job, q.index)
-        reader = LogReader(store.js, job_subjects(namespace, name), attempt_filter(job, q), since)
+        reader = LogReader(
+            store.js, job_subjects(namespace, name), attempt_filter(job, q), stores["attempts"], since
+        )
         try:
             await reader.open()  # before the 200: a bus that does not answer is a 503 Status
         except BaseException:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Any
 
 from nodus_gateway.app import build_app
 from nodus_gateway.config import GatewayConfig
+from nodus_gateway.noding import serve_nodes
 from nodus_gateway.principals import Principals, cache_ttl_of, pepper_of
 from nodus_gateway.resources import stores_for
 from nodus_gateway.server import ApiServer
@@ -25,10 +28,14 @@ class GatewayService(Service):
         self.token_pepper = pepper_of(settings.env, self.config.admin_token)
         self.token_cache_ttl_s = cache_ttl_of(settings.env)
         self.server: ApiServer | None = None
+        self.endpoints: list[Any] = []
 
     async def start(self) -> None:
+        stores = stores_for(self.bus)
+        # Node agents' requests first (the Node authorizer): an agent waits for them to run anything.
+        self.endpoints = await serve_nodes(self.bus, stores)
         app = build_app(
-            stores_for(self.bus),
+            stores,
             admin_token=self.config.admin_token,
             ready=lambda: self.nc is not None and self.nc.is_connected,
             max_body_bytes=self.config.max_body_bytes,
@@ -48,6 +55,9 @@ class GatewayService(Service):
         # Runs before the kit drains NATS, so requests in flight still reach the store.
         if self.server is not None:
             await self.server.stop()
+        for sub in self.endpoints:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     def checks(self) -> dict[str, Check]:
         checks = super().checks()

@@ -27,6 +27,7 @@ from nodus_kit.leasing import Lease, run_as_leader, ttl_from
 from nodus_kit.messaging import Consumer, Delivery
 from nodus_kit.servicing import Service
 from nodus_kit.storing import Event
+from nodus_kit.vouching import REPORT_PREFIX, Forgeries, sender
 from nodus_schema.attempts import JOB_LABEL
 from nodus_schema.messages import AttemptFinished, Report
 from nodus_schema.quantities import usd_to_micros
@@ -45,6 +46,7 @@ class BillingService(Service):
 
     async def start(self) -> None:
         env = self.settings.env
+        self.forgeries = Forgeries("billing", "report")
         self.terms = Terms.from_env(env)
         self.books = Books(
             self.bus, starting_micros=usd_to_micros(env.get("NODUS_STARTING_CREDITS_USD", "0"))
@@ -113,13 +115,20 @@ class BillingService(Service):
                         await self.books.apply(project, [Expire(now_ms=cutoff // 1000 * 1000)])
 
     async def _on_report(self, delivery: Delivery[Report]) -> None:
+        """A finished run's Job is metered now. Only a report from the Attempt's own node counts (a
+        forged one is dropped and counted, nodus_kit.vouching); what is charged is read from the
+        Attempt the scheduler wrote, never from the report."""
         report = delivery.data
-        if isinstance(report, AttemptFinished):
-            job = report.attempt.split("-")[0]  # only a hint; the attempt's own record is read below
-            with contextlib.suppress(Exception):
-                attempt = await self.metering.attempts.get(report.namespace, report.attempt)
-                job = attempt.spec.job
-            self.meter.queue.add((report.namespace, job))
+        if not isinstance(report, AttemptFinished):
+            return
+        try:
+            attempt = await self.metering.attempts.get(report.namespace, report.attempt)
+        except Exception:
+            return  # gone (or the bus away): the meter's resync looks at the Job anyway
+        node = sender(delivery.subject, REPORT_PREFIX)
+        about = f"AttemptFinished of {report.namespace}/{report.attempt}"
+        if self.forgeries.genuine(node, report.node, attempt.spec.node, about):
+            self.meter.queue.add((report.namespace, attempt.spec.job))
 
     def _cells_of(self, event: Event[Any]) -> Iterable[Key]:
         """A Sweep changed (its cap raised): every cell of it is looked at, blocked ones first of all."""

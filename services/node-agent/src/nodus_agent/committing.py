@@ -110,7 +110,7 @@ async def _load(toolkit: Toolkit, msg: StartAttempt, adir: AttemptDir, spec: Job
     if not sink.connection or not sink.table:
         raise CommitError("Error", f"output {spec.name}: its sink needs a connection and a table")
     try:
-        conn, secrets = await preparing.connection_with_secrets(toolkit, msg.namespace, sink.connection)
+        conn, secrets = await preparing.connection_with_secrets(toolkit, msg, sink.connection)
         target = PostgresTarget.from_connection(conn, secrets)
     except PrepareError as e:
         raise CommitError(e.reason, f"output {spec.name}: {e.message}") from None

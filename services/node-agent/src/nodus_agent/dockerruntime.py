@@ -42,6 +42,7 @@ from nodus_agent.containers import (
     attempt_mounts,
 )
 from nodus_agent.dockerapi import DockerError, RegistryAuth
+from nodus_agent.granting import Grants
 from nodus_agent.runtimes import Exit, Launch, LaunchError, Running
 from nodus_schema.configs import Secret
 from nodus_schema.messages import StartAttempt
@@ -73,13 +74,13 @@ class DockerRuntime:
         *,
         gpu_ids: Sequence[str] = (),
         gpu_mode: GpuMode = "device-requests",
-        secrets: object | None = None,
+        grants: Grants | None = None,
     ) -> None:
         """``gpu_ids``: this node's GPUs (empty on a fake inventory: no device is requested)."""
         self.containers = containers
         self.gpu_ids = tuple(gpu_ids)
         self.gpu_mode: GpuMode = gpu_mode if gpu_ids else "none"
-        self.secrets = secrets  # a SecretReader, for imagePullSecrets
+        self.grants = grants  # the run's Secrets, for imagePullSecrets
 
     def paths(self, adir: AttemptDir) -> dict[str, str]:
         return {
@@ -181,12 +182,12 @@ class DockerRuntime:
         return _Container(cid, follower)
 
     async def _pull_auth(self, msg: StartAttempt) -> RegistryAuth | None:
-        if not msg.image_pull_secrets or self.secrets is None:
+        if not msg.image_pull_secrets or self.grants is None:
             return None
         registry = _registry(msg.image or "")
         for name in msg.image_pull_secrets:
             try:
-                secret: Secret = await self.secrets.get(msg.namespace, name)  # type: ignore[attr-defined]
+                secret: Secret = await (await self.grants.of(msg)).secrets.get(msg.namespace, name)
             except Exception:
                 raise ValueError(f"imagePullSecrets: Secret {msg.namespace}/{name} cannot be read") from None
             auth = registry_auth(secret, registry)

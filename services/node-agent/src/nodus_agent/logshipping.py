@@ -1,4 +1,4 @@
-"""Log shipping: an attempt's ``log.txt`` to ``nodus.logs.<namespace>.<job>.<attempt>`` (stream NODUS_LOGS).
+"""Log shipping: an attempt's ``log.txt`` to ``nodus.logs.<node>.<namespace>.<job>.<attempt>`` (NODUS_LOGS).
 
 A :class:`LogShipper` tails the file every ``interval_s`` and publishes what was appended as
 :class:`LogLines` batches (at most ``max_lines`` lines or about ``max_bytes`` of JSON each, and at most
@@ -60,8 +60,10 @@ _RUNTIME_LINE = re.compile(
 # The wire types (LogLine, LogLines) are nodus_schema.messages'.
 
 
-def log_subject(namespace: str, job: str, attempt: str) -> str:
-    return f"{SUBJECT_PREFIX}.{namespace}.{job}.{attempt}"
+def log_subject(node: str, namespace: str, job: str, attempt: str) -> str:
+    """``nodus.logs.<node>.<ns>.<job>.<attempt>``: the node first, as on reports, so the bus lets an
+    agent ship only its own node's lines and the gateway can tell a line from another node (ADR-0026)."""
+    return f"{SUBJECT_PREFIX}.{node}.{namespace}.{job}.{attempt}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,7 @@ class LogSource:
 
     @property
     def subject(self) -> str:
-        return log_subject(self.namespace, self.job, self.attempt)
+        return log_subject(self.node, self.namespace, self.job, self.attempt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Before the program starts, and around it while it runs: secrets, inputs, checkpoints, logs.
 
 The runner (:mod:`nodus_agent.running`) calls these with a :class:`Toolkit`: what this agent can reach
-(the bus for logs, the secrets and connections buckets, the S3 store of checkpoints and outputs). A part
+(the bus for logs, the gateway's answers for a run's Secrets and Connections, the S3 store of checkpoints
+and outputs). A part
 the toolkit lacks is skipped, with the consequence said where it matters: no store means no checkpoint
 and no restore (logged once per attempt), an input of kind ``output`` fails with what to configure.
 
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from nodus_agent import checkpointing, inputs, secrets
 from nodus_agent.attemptdir import AttemptDir
 from nodus_agent.checkpointing import Checkpointer, CheckpointError, CheckpointInfo, Notify
+from nodus_agent.granting import Grants, NotBound
 from nodus_agent.inputs import InputContext, InputError, InputRecord, InputSettings, S3Credentials
 from nodus_agent.logshipping import LogShipper, LogSource
 from nodus_agent.s3 import S3Settings
@@ -49,8 +51,9 @@ class Toolkit:
 
     nc: Any | None = None
     """The bus, for log shipping."""
-    secrets: SecretReader | None = None
-    connections: ConnectionReader | None = None
+    grants: Grants | None = None
+    """The gateway's answers: a run's Secrets and Connections, and whether a run is this node's. None
+    only in tests of the runner alone (the agent service always has it)."""
     store: S3Settings | None = None
     """The S3 store of checkpoints and outputs."""
     s3: Any | None = None
@@ -101,39 +104,45 @@ def _uses_secrets(msg: StartAttempt) -> bool:
     return bool(msg.secrets) or any(v.value_from is not None for v in msg.env)
 
 
+async def readers(toolkit: Toolkit, msg: StartAttempt) -> tuple[SecretReader, ConnectionReader]:
+    """The run's Secret and Connection readers: the gateway's answer for this Attempt."""
+    if toolkit.grants is None:
+        raise PrepareError("Lost", "this node agent cannot read Secrets or Connections (no bus connection)")
+    try:
+        granted = await toolkit.grants.of(msg)
+    except NotBound as e:  # finished or moved meanwhile: the scheduler knows already
+        raise PrepareError("Lost", f"the run is no longer this node's: {e}") from None
+    return granted.secrets, granted.connections
+
+
 async def _secrets(toolkit: Toolkit, msg: StartAttempt) -> Resolved:
     if not _uses_secrets(msg):
         return Resolved()
-    if toolkit.secrets is None:
-        raise PrepareError(
-            "Lost", "this node agent cannot read Secrets (no bus connection to the secrets bucket)"
-        )
+    reader, _ = await readers(toolkit, msg)
     try:
-        return await secrets.resolve(toolkit.secrets, msg)
+        return await secrets.resolve(reader, msg)
     except SecretError as e:
         raise PrepareError("Error", str(e)) from None
 
 
-async def _secret_map(toolkit: Toolkit, namespace: str, names: set[str]) -> dict[str, Secret]:
+async def _secret_map(reader: SecretReader, namespace: str, names: set[str]) -> dict[str, Secret]:
     found: dict[str, Secret] = {}
-    if toolkit.secrets is None:
-        return found
     for name in names:
         try:
-            found[name] = await toolkit.secrets.get(namespace, name)
+            found[name] = await reader.get(namespace, name)
         except NotFound:
             continue  # the resolver names what is missing
     return found
 
 
 async def connection_with_secrets(
-    toolkit: Toolkit, namespace: str, name: str
+    toolkit: Toolkit, msg: StartAttempt, name: str
 ) -> tuple[Connection, dict[str, Secret]]:
     """A Connection of the Job's project and the Secrets it refers to; PrepareError if it is missing."""
-    if toolkit.connections is None:
-        raise PrepareError("Lost", "this node agent cannot read Connections (no bus connection)")
+    namespace = msg.namespace
+    secret_reader, connection_reader = await readers(toolkit, msg)
     try:
-        conn = await toolkit.connections.get(namespace, name)
+        conn = await connection_reader.get(namespace, name)
     except NotFound:
         raise PrepareError(
             "Error", f"Connection {namespace}/{name} does not exist: create it in the Job's project"
@@ -147,7 +156,7 @@ async def connection_with_secrets(
     ):
         if ref is not None and ref.name:
             names.add(ref.name)
-    return conn, await _secret_map(toolkit, namespace, names)
+    return conn, await _secret_map(secret_reader, namespace, names)
 
 
 # -- inputs -------------------------------------------------------------------------------------------------
@@ -156,7 +165,7 @@ async def _inputs(toolkit: Toolkit, msg: StartAttempt, adir: AttemptDir) -> list
     for inp in msg.inputs:
         name = inp.bucket.connection if inp.bucket is not None else None
         if name and name not in connections:
-            conn, found = await connection_with_secrets(toolkit, msg.namespace, name)
+            conn, found = await connection_with_secrets(toolkit, msg, name)
             try:
                 connections[name] = S3Credentials.from_connection(conn, found)
             except ValueError as e:

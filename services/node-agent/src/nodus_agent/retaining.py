@@ -3,9 +3,10 @@ retention has passed, and those of a Job that no longer exists at once (nothing 
 Job created again under the same name has another uid, so another folder, ADR-0017).
 
 No agent watches a Job after its last Attempt, so one agent of the fleet (the holder of the
-``agent-retention`` lease) walks the store's Job folders every few minutes and asks the ``jobs`` bucket
-about each. Deleting is idempotent (:func:`nodus_agent.checkpointing.delete_checkpoints`), so a sweep
-cut short by a crash or a lost lease is simply done again by the next holder.
+``agent-retention`` lease) walks the store's Job folders every few minutes and asks the gateway which of
+them are past keeping (``nodus.rpc.node.<node>.retention``, nodus_schema.noding): an agent reads no Job
+itself (ADR-0026). Deleting is idempotent (:func:`nodus_agent.checkpointing.delete_checkpoints`), so a
+sweep cut short by a crash or a lost lease is simply done again by the next holder.
 """
 
 from __future__ import annotations
@@ -14,60 +15,63 @@ import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
+from nats.aio.client import Client as NATS
+
 from nodus_agent.checkpointing import delete_checkpoints
-from nodus_kit.errors import NotFound
-from nodus_schema.jobs import TERMINAL_PHASES, Job
-from nodus_schema.meta import parse_time
-from nodus_schema.quantities import parse_duration
+from nodus_kit import messaging
+from nodus_schema.noding import MAX_FOLDERS, JobFolder, RetentionReply, RetentionRequest, retention_subject
 
 log = logging.getLogger(__name__)
 
 LEASE: Final = "agent-retention"
 EVERY_S: Final = 300.0
-DEFAULT_RETAIN: Final = timedelta(hours=168)  # the reference's default retainAfterFinish
 _FOLDER: Final = re.compile(r"(?P<name>[a-z0-9]([-a-z0-9]*[a-z0-9])?)-(?P<uid8>[0-9a-f]{8})")
 
 
-class JobReader(Protocol):
-    async def get(self, namespace: str | None, name: str) -> Job: ...
+class RetentionAsker(Protocol):
+    async def expired(self, folders: list[JobFolder]) -> list[bool]: ...
 
 
-def retention_of(job: Job) -> timedelta:
-    policy = job.spec.recovery.checkpoint if job.spec.recovery else None
-    value = policy.retain_after_finish if policy else None
-    try:
-        return parse_duration(value) if value else DEFAULT_RETAIN
-    except ValueError:
-        return DEFAULT_RETAIN
+class Asker:
+    """Asks the gateway, in requests of at most MAX_FOLDERS folders."""
+
+    def __init__(self, nc: NATS, node: str, *, timeout_s: float = 10.0) -> None:
+        self.nc, self.subject, self.timeout_s = nc, retention_subject(node), timeout_s
+
+    async def expired(self, folders: list[JobFolder]) -> list[bool]:
+        out: list[bool] = []
+        for i in range(0, len(folders), MAX_FOLDERS):
+            chunk = folders[i : i + MAX_FOLDERS]
+            req = RetentionRequest(folders=chunk)
+            reply = await messaging.request(
+                self.nc, self.subject, req, RetentionReply, timeout=self.timeout_s
+            )
+            if len(reply.expired) != len(chunk):
+                raise ValueError(f"the retention answer has {len(reply.expired)} verdicts for {len(chunk)}")
+            out += reply.expired
+        return out
 
 
-def expired(job: Job | None, uid8: str, now: datetime) -> bool:
-    """Are the checkpoints in folder ``<name>-<uid8>`` past keeping? ``job``: the Job of that name now,
-    None when there is none."""
-    if job is None or (job.metadata.uid or "")[:8] != uid8:
-        return True  # deleted (or replaced by a new Job of the same name): nothing can restore them
-    if job.status.phase not in TERMINAL_PHASES or not job.status.completion_time:
-        return False
-    return now >= parse_time(job.status.completion_time) + retention_of(job)
-
-
-async def sweep(client: Any, bucket: str, jobs: JobReader, now: datetime | None = None) -> int:
-    """One pass over the store; how many objects were deleted."""
+async def sweep(client: Any, bucket: str, ask: RetentionAsker, now: datetime | None = None) -> int:
+    """One pass over the store; how many objects were deleted. ``now``: the deletion's own clock (what
+    expired is the gateway's word)."""
     now = now or datetime.now(UTC)
-    deleted = 0
+    found: list[tuple[str, str, JobFolder]] = []
     async for namespace, folder in _job_folders(client, bucket):
         match = _FOLDER.fullmatch(folder)
         if match is None:
             continue  # outputs (``<ns>/<job>/``) and anything else: not ours to expire
-        name, uid8 = match["name"], match["uid8"]
-        try:
-            job: Job | None = await jobs.get(namespace, name)
-        except NotFound:
-            job = None
-        if not expired(job, uid8, now):
+        where = JobFolder(namespace=namespace, name=match["name"], uid8=match["uid8"])
+        found.append((namespace, folder, where))
+    if not found:
+        return 0
+    verdicts = await ask.expired([f for _, _, f in found])
+    deleted = 0
+    for (namespace, folder, _), gone in zip(found, verdicts, strict=True):
+        if not gone:
             continue
         count = await delete_checkpoints(client, bucket, namespace, folder, now)
         if count:
@@ -82,12 +86,12 @@ async def sweep(client: Any, bucket: str, jobs: JobReader, now: datetime | None 
     return deleted
 
 
-async def run(client: Any, bucket: str, jobs: JobReader, every_s: float = EVERY_S) -> None:
+async def run(client: Any, bucket: str, ask: RetentionAsker, every_s: float = EVERY_S) -> None:
     """Sweep every ``every_s`` while this agent holds the lease (cancelled when it loses it)."""
     while True:
         try:
-            await sweep(client, bucket, jobs)
-        except Exception as e:  # the store or the bus away: the next pass tries again
+            await sweep(client, bucket, ask)
+        except Exception as e:  # the store, the bus or the gateway away: the next pass tries again
             log.warning("checkpoint retention pass failed: %s", e)
         await asyncio.sleep(every_s)
 

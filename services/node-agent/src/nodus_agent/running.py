@@ -190,6 +190,11 @@ class Runner:
         if refusal is not None:
             await self._finish(adir, Record(phase=STARTING, started=now_rfc3339()), "Lost", None, 0, refusal)
             return
+        if self.toolkit.grants is not None:
+            # Node restriction: the gateway answers only for an Attempt that exists, is bound to this
+            # node and has not finished. A refusal (NotBound) dead-letters the assignment: nothing of a
+            # run that is not ours starts, and no report is sent about it.
+            await self.toolkit.grants.of(msg)
         await self._launch(msg, adir)
 
     async def stop(self, msg: StopAttempt) -> None:
@@ -340,6 +345,8 @@ class Runner:
             log.exception("supervising the attempt failed", extra={"attempt": run.msg.attempt})
         finally:
             self.runs.pop((run.msg.namespace, run.msg.attempt), None)
+            if self.toolkit.grants is not None:
+                self.toolkit.grants.forget(run.msg.namespace, run.msg.attempt)
             if shipper is not None:
                 await shipper.close(final=True)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from nodus_agent import inputs, retaining
 from nodus_agent.gpuhealth import GPUHealth, runner_stopper
+from nodus_agent.granting import Grants
 from nodus_agent.inventory import Inventory, resolve
 from nodus_agent.outbox import Outbox, outbox_dir
 from nodus_agent.preparing import Toolkit
@@ -29,8 +30,6 @@ from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Check, Service, Settings
 from nodus_kit.storing import ObjectStore
-from nodus_schema.configs import Connection, Secret
-from nodus_schema.jobs import Job
 from nodus_schema.messages import Assignment
 from nodus_schema.nodes import Node
 
@@ -64,10 +63,9 @@ class AgentService(Service):
     async def start(self) -> None:
         self.agent, inventory = await asyncio.to_thread(resolve, self.agent)
         self.outbox = (await Outbox.open(outbox_dir(self.agent.workdir))).start(self.bus)
-        # Every store of the agent reads with key-scoped direct gets: its credential may read only the
-        # keys it names (ADR-0026), and nothing it reads is needed the moment it was written (its own
-        # Node it writes by compare-and-set; the Jobs, Secrets and Connections a run names were written
-        # before the run was placed).
+        # The agent's one store is its own Node, read with key-scoped direct gets: its credential may
+        # read only that key (ADR-0026), and a stale read only makes its compare-and-set retry. Jobs,
+        # Secrets and Connections it never reads: it asks the gateway (granting, nodus_schema.noding).
         nodes = ObjectStore(self.bus, "nodes", Node, direct_reads=True)
         self.registration = Registration(nodes, self.agent, inventory)
         await self.registration.register()
@@ -107,9 +105,9 @@ class AgentService(Service):
         """retainAfterFinish, by one agent of the fleet at a time (retaining.py says why)."""
         assert toolkit.s3 is not None and toolkit.store is not None
         client, bucket = toolkit.s3, toolkit.store.bucket
-        jobs = ObjectStore(self.bus, "jobs", Job, direct_reads=True)
+        ask = retaining.Asker(self.bus, self.agent.node)
         lease = Lease(self.bus, retaining.LEASE, holder=self.agent.node, ttl_s=30)
-        await run_as_leader(lease, lambda: retaining.run(client, bucket, jobs), stop=self.stopping)
+        await run_as_leader(lease, lambda: retaining.run(client, bucket, ask), stop=self.stopping)
 
     async def _toolkit(self) -> Toolkit:
         store = await asyncio.to_thread(self.agent.s3_settings)  # reads the credentials file once
@@ -120,8 +118,7 @@ class AgentService(Service):
             client = await self._exits.enter_async_context(s3.client(store))
         return Toolkit(
             nc=self.bus,
-            secrets=ObjectStore(self.bus, "secrets", Secret, direct_reads=True),
-            connections=ObjectStore(self.bus, "connections", Connection, direct_reads=True),
+            grants=Grants(self.bus, self.agent.node),
             store=store,
             s3=client,
             inputs=inputs.InputSettings(
@@ -147,7 +144,7 @@ class AgentService(Service):
             ContainerRuntime(api, self.agent.node, self.agent.docker_ulimits),
             gpu_ids=[] if inventory.fake else [g.uuid for g in inventory.gpus],
             gpu_mode=self.agent.docker_gpu_mode,  # type: ignore[arg-type]  # checked by configuring
-            secrets=toolkit.secrets,
+            grants=toolkit.grants,
         )
 
     async def stop(self) -> None:
