@@ -7,6 +7,7 @@ podman); tests isolate by namespace or name with the ``unique`` fixture.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest_asyncio
 from nats.aio.client import Client as NATS
@@ -16,8 +17,8 @@ from nodus_kit.connecting import connect
 
 
 @pytest_asyncio.fixture(scope="session")
-async def nc(nats_url: str) -> AsyncIterator[NATS]:
-    conn = await connect(nats_url, "tests")
+async def nc(nats_url: str, nats_seed: Path) -> AsyncIterator[NATS]:
+    conn = await connect(nats_url, "tests", nkey_seed=nats_seed)
     await declaring.ensure(conn.jetstream())
     yield conn
     await conn.close()

@@ -118,11 +118,17 @@ def probes(keys: dict[str, str]) -> list[Probe]:
             P("pub", f"{API}.DIRECT.GET.KV_nodes.$KV.nodes._.{n}", f"node:{n}", "get:nodes"),
             P("pub", f"nodus.assign.{n}", "assign"),
             P("pub", f"nodus.report.{n}.ns.a1", f"report:{n}"),
+            P("pub", f"nodus.logs.{n}.ns.job.a1", f"logs:{n}"),
+            # The Node authorizer's requests (nodus_schema.noding): only the node's own, served by the
+            # gateway alone (the subject names who asks).
+            P("pub", f"nodus.rpc.node.{n}.secrets", f"ask-node:{n}"),
+            P("pub", f"nodus.rpc.node.{n}.retention", f"ask-node:{n}"),
+            P("sub", f"nodus.rpc.node.{n}.secrets", "serve:node", "tap:nodus"),
             P("sub", f"nodus.assign.{n}", "tap:nodus"),
             P("sub", f"nodus.report.{n}.>", "tap:nodus"),
         ]
     out += [
-        P("pub", "nodus.logs.ns.job.a1", "logs"),
+        P("pub", "nodus.logs.ns.job.a1.x", "logs:ns"),  # a node named like a project: its own only
         P("pub", "nodus.events.ns.jobs.x", "events"),
         P("pub", "nodus.billing.probe"),
         P("pub", "nodus.dead.NODUS_EVENTS.probe"),
@@ -199,6 +205,7 @@ def expected(user: str) -> set[str]:
             | _reader(*GATEWAY_WRITES, "attempts", "nodes", "offerings")
             | {"read:NODUS_LOGS", "info:NODUS_LOGS", "names"}
             | _rights("ask", ESTIMATE_SUBJECT, QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT)
+            | {"serve:node"}
         )
     # A key of leases (and of nodes, for agents) is read by key only (direct gets), never through the
     # bucket's leader, which would read every key.
@@ -233,16 +240,18 @@ def expected(user: str) -> set[str]:
         )
     if user.startswith("agent-"):
         node = user.removeprefix("agent-")
+        # Node restriction: no bucket of tenants' data at all (not even a Secret, Connection or Job by
+        # key, nor their stream info, whose subjects filter lists keys); its own node's subjects only.
         return (
             own
-            | _rights("get", "jobs", "secrets", "connections")
-            | _rights("info", "KV_jobs", "KV_secrets", "KV_connections", "KV_nodes")
+            | _rights("info", "KV_nodes")
             | lease
             | {
                 f"node:{node}",
                 "lease:agent-retention",
                 f"report:{node}",
-                "logs",
+                f"logs:{node}",
+                f"ask-node:{node}",
                 f"durable:agent-{node}",
             }
         )
@@ -251,7 +260,8 @@ def expected(user: str) -> set[str]:
             own
             | _rights("node", *NODES)
             | _rights("report", *NODES)
-            | {"logs", "consumers:NODUS_ASSIGNMENTS", "info:KV_nodes"}
+            | _rights("logs", *NODES, "ns")
+            | {"consumers:NODUS_ASSIGNMENTS", "info:KV_nodes"}
         )
     if user == "operator":
         return (
@@ -494,12 +504,12 @@ async def test_gateway_does_its_work(bus: Bus) -> None:
     for bucket in ("attempts", "nodes", "offerings"):  # read-only for it
         await ObjectStore(gw, bucket, Thing).list(space)
     # Logs: an agent ships a batch, the gateway finds the last one and reads the Job's subjects.
-    subject = f"nodus.logs.{space}.job.a1"
+    subject = f"nodus.logs.n1.{space}.job.a1"
     await agent.jetstream().publish(subject, b'{"lines":[]}')
     js = gw.jetstream()
-    last = await js.get_last_msg("NODUS_LOGS", f"nodus.logs.{space}.job.*")
+    last = await js.get_last_msg("NODUS_LOGS", f"nodus.logs.*.{space}.job.*")
     sub = await js.subscribe(
-        f"nodus.logs.{space}.job.*",
+        f"nodus.logs.*.{space}.job.*",
         stream="NODUS_LOGS",
         ordered_consumer=True,
         config=ConsumerConfig(deliver_policy=DeliverPolicy.ALL),
@@ -586,17 +596,17 @@ async def test_a_node_agent_does_its_work(node: str, bus: Bus) -> None:
     except Exception:  # the other test of this module may have created it: update instead
         mine = await nodes.get(None, node)
     await nodes.update(msgspec.structs.replace(mine, spec={"probe": "beat"}))
-    # The Secret, Connection and Job an assignment names, key by key.
-    for bucket in ("secrets", "connections", "jobs"):
-        made = await ObjectStore(gw, bucket, Thing).create(thing("ref", space))
-        assert (await ObjectStore(nc, bucket, Thing).get(space, "ref")).metadata.uid == made.metadata.uid
     await lease_round_trip(nc, "agent-retention")
+    # Its own node's requests, answered by the gateway (tests/deploy/test_node_restriction.py asks the
+    # real Node authorizer; here only the rights).
+    await rpc(bus, gw, nc, f"nodus.rpc.node.{node}.secrets", "gateway-nodes")
+    await rpc(bus, gw, nc, f"nodus.rpc.node.{node}.retention", "gateway-nodes")
     js = nc.jetstream()
     ack = await js.publish(
         f"nodus.report.{node}.{space}.a1", b"{}", headers={"Nats-Msg-Id": uuid.uuid4().hex}
     )
     assert ack.stream == "NODUS_REPORTS"
-    ack = await js.publish(f"nodus.logs.{space}.job.a1", b"{}")
+    ack = await js.publish(f"nodus.logs.{node}.{space}.job.a1", b"{}")
     assert ack.stream == "NODUS_LOGS"
     await consume_one(
         nc,

@@ -58,7 +58,12 @@ def add_parser(sub: Any) -> None:
         metavar="URL",
         help=f"NATS (default: NODUS_NATS_URL, then .nodus/local.env, then {DEFAULT_NATS})",
     )
-    p.add_argument("--nkey-seed", metavar="FILE", help="authenticate with this NKey seed file")
+    p.add_argument(
+        "--nkey-seed",
+        metavar="FILE",
+        help="authenticate with this NKey seed file (default: NODUS_NATS_OPERATOR_SEED, then "
+        ".nodus/local.env's, which `make up` writes: the read-only operator credential)",
+    )
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     when = p.add_mutually_exclusive_group()
     when.add_argument(
@@ -92,6 +97,17 @@ def nats_url(given: str | None, environ: Mapping[str, str], cwd: Path) -> str:
         return environ["NODUS_NATS_URL"]
     local = find_local_env(cwd)
     return (read_env_file(local).get("NODUS_NATS_URL") if local else None) or DEFAULT_NATS
+
+
+def nkey_seed(given: str | None, environ: Mapping[str, str], cwd: Path) -> str | None:
+    """The flag, then NODUS_NATS_OPERATOR_SEED, then ``.nodus/local.env``'s: the bus refuses anonymous
+    clients, and the operator credential reads everything but Secrets and tokens (docs/bus.md)."""
+    if given:
+        return given
+    if environ.get("NODUS_NATS_OPERATOR_SEED"):
+        return environ["NODUS_NATS_OPERATOR_SEED"]
+    local = find_local_env(cwd)
+    return read_env_file(local).get("NODUS_NATS_OPERATOR_SEED") if local else None
 
 
 # -- decoding and rendering (pure) ----------------------------------------------------------------------
@@ -388,7 +404,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str], cwd: Path) -> int:
         output=args.output,
         since=args.since,
         everything=args.all,
-        nkey_seed=args.nkey_seed,
+        nkey_seed=nkey_seed(args.nkey_seed, environ, cwd),
     )
 
     async def main() -> None:

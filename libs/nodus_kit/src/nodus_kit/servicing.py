@@ -43,6 +43,9 @@ class Settings:
     replicas: int | None = None  # stream replicas when declaring; None: 3 on a cluster of 3+, else 1
     env: dict[str, str] = field(default_factory=dict)
     nats_nkey_seed: str | None = None  # the process's nkey seed file (deploy/nats/, ADR-0026)
+    nats_anonymous: bool = False
+    """Connect without a credential (NODUS_NATS_ANONYMOUS=true): only where asked for explicitly, e.g. a
+    test of the start-up path itself. Without it a service with no seed refuses to start."""
 
     @classmethod
     def from_env(cls, service: str, environ: dict[str, str] | None = None) -> Settings:
@@ -58,6 +61,7 @@ class Settings:
             replicas=int(e["NODUS_STREAM_REPLICAS"]) if e.get("NODUS_STREAM_REPLICAS") else None,
             env={k: v for k, v in e.items() if k.startswith("NODUS_")},
             nats_nkey_seed=e.get("NODUS_NATS_NKEY_SEED") or None,
+            nats_anonymous=e.get("NODUS_NATS_ANONYMOUS", "").lower() in ("1", "true", "yes"),
         )
 
 
@@ -206,6 +210,12 @@ class Service:
 
     async def run(self) -> None:
         seed = self.settings.nats_nkey_seed
+        if seed is None and not self.settings.nats_anonymous:
+            raise SystemExit(
+                f"{self.name}: no bus credential. Set NODUS_NATS_NKEY_SEED to this process's nkey seed file "
+                "(`python -m nodus_kit.permitting generate`, deploy/nats/README.md); every process of Nodus "
+                "authenticates (ADR-0026). NODUS_NATS_ANONYMOUS=true connects without one, for a test only."
+            )
         name = f"{self.name}:{self.settings.replica}"
         self.nc = await connect(self.settings.nats_url, name, nkey_seed=seed)
         measuring.track_bus(self.name, self.nc)

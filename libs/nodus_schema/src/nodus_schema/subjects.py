@@ -122,7 +122,7 @@ SUBJECTS: Final[tuple[Subject, ...]] = (
     Subject("nodus.billing.>", UNKNOWN, None, "NODUS_BILLING"),
     *(Subject(subject, name, typ, None) for subject, (name, typ) in RPC_TYPES.items()),
     # Node agents' requests (nodus_schema.noding): the node's name is the fourth token.
-    Subject(secrets_subject("*"), "RunSecretsRequest", RunSecretsRequest, None, secret=True),
+    Subject(secrets_subject("*"), "RunSecretsRequest", RunSecretsRequest, None),
     Subject(retention_subject("*"), "RetentionRequest", RetentionRequest, None),
 )
 

@@ -56,8 +56,9 @@ class Stack:
     root: Path
     agents: list[dict[str, str]] = field(default_factory=list)
     procs: list[Proc] = field(default_factory=list)
-    credentials: bool = False
-    """Each process with its own nkey credential, the streams declared by the admin (ADR-0026)."""
+    credentials: bool = True
+    """Each process with its own nkey credential, the streams declared by the admin (ADR-0026). Always,
+    as in production; False is only for a test that asks explicitly for a bus without authentication."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables for every process of the stack, over this process's (e.g. an OTLP endpoint)."""
     s3: bool = True
@@ -80,7 +81,7 @@ class Stack:
             nodes = [a.get("NODUS_AGENT_NODE", f"agent-{i}") for i, a in enumerate(self.agents)]
             creds = permitting.generate(self._dir("nats-credentials"), nodes)
         accounts = creds.accounts.read_text() if creds else ""
-        nats = NatsServer(store_dir=self._dir("nats"), extra_config=accounts)
+        nats = NatsServer(store_dir=self._dir("nats"), extra_config=accounts, auth=creds is not None)
         nats.start()
         if creds is not None:  # services with a credential declare nothing: the bootstrap does, first
             admin = ["--url", nats.url, "--seed", str(creds.seed("admin"))]
@@ -139,6 +140,9 @@ class Stack:
             "NODUS_CA": str(tls.ca),
             "NODUS_NATS_URL": nats.url,
         }
+        if creds is not None:
+            # `nodus tail` and operators: read-only, everything but Secrets and tokens (docs/bus.md).
+            values["NODUS_NATS_OPERATOR_SEED"] = str(creds.seed("operator"))
         if s3 is not None:
             values["NODUS_S3_ENDPOINT"] = s3.endpoint_url
         # Both hold the admin token: readable by their owner only.

@@ -3,17 +3,47 @@
 Modelled on nats.py's own test helpers: start with ``--port -1`` semantics (we pick the free port
 ourselves so a restart keeps it), read the log for readiness, and allow kill/restart so tests can check
 what survives a server restart.
+
+Authentication is on by default, as everywhere Nodus runs (ADR-0026): the server gets the account of
+every credential of :mod:`nodus_kit.permitting` (seeds under ``<store>/credentials``) plus one test-only
+user, ``harness``, with every right, whose seed (:attr:`NatsServer.harness_seed`) the test harness and
+tests connect with. An anonymous client is refused. ``extra_config`` with its own ``accounts`` replaces
+all of that (the local stack, the permission tests); ``auth=False`` is the explicit way to run a server
+without authentication, and no test of Nodus's behaviour asks for it.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
 
+from nodus_kit import permitting
+
 from nodus_testing.processes import free_port, spawn_server, stop, venv_bin, wait_for_log
 
 READY = "Server is ready"
+HARNESS = "harness"
+"""The test harness's own user: every right, on test servers only (never generated for a deployment)."""
+
+
+def _harness_key(seed: Path) -> str:
+    if not seed.exists():
+        fd = os.open(seed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(permitting.new_seed() + b"\n")
+    return permitting.seed_public_key(seed)
+
+
+def _with_harness(accounts: str, public_key: str) -> str:
+    """The generated accounts with the harness user added to the NODUS account (no permissions block:
+    every subject), for fixtures that play any service at once."""
+    close = "    ]\n  }\n}\n"
+    if not accounts.endswith(close):
+        raise ValueError("nodus_kit.permitting.render_accounts changed its layout: update _with_harness")
+    user = f"      # {HARNESS}: TESTS ONLY, every right\n      {{ nkey: {public_key} }}\n"
+    return accounts[: -len(close)] + user + close
 
 
 class NatsServer:
@@ -25,6 +55,7 @@ class NatsServer:
         *,
         sync_always: bool = True,
         extra_config: str = "",
+        auth: bool = True,
     ) -> None:
         """``sync_always=False`` leaves fsync to nats-server's default cadence: only benchmarks use it, to
         show what the per-write fsync of the stack's setting costs."""
@@ -39,6 +70,14 @@ class NatsServer:
         self.binary = venv_bin("nats-server")
         self.sync_always = sync_always
         self.extra_config = extra_config  # appended to the config file (accounts, for example)
+        self.credentials: permitting.Generated | None = None
+        self.harness_seed: Path | None = None
+        """The seed file of the test-only ``harness`` user (None: the caller's accounts, or no auth)."""
+        if auth and "accounts" not in extra_config:
+            self.credentials = permitting.generate(self.store_dir / "credentials")
+            self.harness_seed = self.credentials.directory / f"{HARNESS}{permitting.SEED_SUFFIX}"
+            key = _harness_key(self.harness_seed)
+            self.extra_config = _with_harness(self.credentials.accounts.read_text(), key) + extra_config
 
     @property
     def url(self) -> str:

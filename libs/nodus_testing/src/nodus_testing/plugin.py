@@ -13,6 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NoReturn, Protocol, TypeVar
 
 import pytest
@@ -61,7 +62,8 @@ def _started(
 
 @pytest.fixture(scope="session")
 def nats_server(request: pytest.FixtureRequest) -> Iterator[NatsServer]:
-    """A nats-server 2.15 with JetStream (``sync_interval: always``) on a free port, temp store.
+    """A nats-server 2.15 with JetStream (``sync_interval: always``) on a free port, temp store, that
+    takes authenticated clients only (``nats_seed``).
 
     Yields the object, so a test may ``kill()`` and ``start()`` it; such a test must leave it running.
     """
@@ -71,6 +73,15 @@ def nats_server(request: pytest.FixtureRequest) -> Iterator[NatsServer]:
 @pytest.fixture(scope="session")
 def nats_url(nats_server: NatsServer) -> str:
     return nats_server.url
+
+
+@pytest.fixture(scope="session")
+def nats_seed(nats_server: NatsServer) -> Path:
+    """The seed file of the session server's test-only ``harness`` credential (every right): the bus
+    refuses anonymous clients, in tests as everywhere (ADR-0026). Pass it as ``nkey_seed=`` to
+    ``nodus_kit.connecting.connect``, as ``NODUS_NATS_NKEY_SEED`` to a service process."""
+    assert nats_server.harness_seed is not None
+    return nats_server.harness_seed
 
 
 @pytest.fixture(scope="session")
