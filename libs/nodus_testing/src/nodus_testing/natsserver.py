@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 
 from nodus_kit import permitting
-
 from nodus_testing.processes import free_port, spawn_server, stop, venv_bin, wait_for_log
 
 READY = "Server is ready"
