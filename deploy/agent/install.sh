@@ -20,6 +20,7 @@ RESTART=0
 NO_INDEX=0
 WHEELS=()
 FIND_LINKS=()
+NKEY_SEED=""
 
 VENV=/opt/nodus/venv
 SHARE=/opt/nodus/share
@@ -36,6 +37,9 @@ Usage: install.sh --wheel PATH|URL [options]
   --find-links DIR    where pip looks for the other wheels (repeatable; a directory or URL)
   --no-index          do not use the package index: every wheel comes from --wheel/--find-links
   --python PATH       the Python 3.11+ that creates the virtual environment (default: python3)
+  --nkey-seed FILE     this node's NATS nkey seed (agent-<node>.nk, from `python -m nodus_kit.permitting
+                      generate --node <node>`): installed as /etc/nodus/agent.nk (0440 root:nodus) and
+                      named in agent.env. The bus refuses an agent without one (ADR-0026)
   --user NAME         the service user (default: nodus)
   --root DIR          install under DIR instead of / (tests and staging: no user, no systemctl;
                       the virtual environment only works at DIR/opt/nodus/venv)
@@ -67,6 +71,7 @@ while [ $# -gt 0 ]; do
     --no-index) NO_INDEX=1; shift ;;
     --python) [ $# -ge 2 ] || die "--python needs a path"; PYTHON="$2"; shift 2 ;;
     --user) [ $# -ge 2 ] || die "--user needs a name"; SERVICE_USER="$2"; shift 2 ;;
+    --nkey-seed) [ $# -ge 2 ] || die "--nkey-seed needs a file"; NKEY_SEED="$2"; shift 2 ;;
     --root) [ $# -ge 2 ] || die "--root needs a directory"; ROOT="$2"; shift 2 ;;
     --start) START=1; shift ;;
     --restart) RESTART=1; shift ;;
@@ -100,6 +105,10 @@ for w in "${WHEELS[@]}"; do
     fi
   done
 done
+if [ -n "$NKEY_SEED" ]; then
+  [ -f "$NKEY_SEED" ] || die "--nkey-seed $NKEY_SEED: no such file"
+  head -c 2 "$NKEY_SEED" | grep -q '^SU' || die "--nkey-seed $NKEY_SEED: not a user nkey seed (it starts with SU)"
+fi
 command -v "$PYTHON" >/dev/null || die "$PYTHON not found: install Python 3.11+ or pass --python"
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
   die "$PYTHON is older than 3.11: pass --python with a newer one"
@@ -186,6 +195,22 @@ if [ -e "$(at "$ETC")/agent.env" ]; then
   note "config: $(at "$ETC")/agent.env exists, kept"
 else
   run install "${conf_mode[@]}" /dev/null "$(at "$ETC")/agent.env"
+fi
+if [ -n "$NKEY_SEED" ]; then
+  seed_mode=(-m 0440)
+  on_host && seed_mode+=(-o root -g "$SERVICE_USER")
+  run install "${seed_mode[@]}" "$NKEY_SEED" "$(at "$ETC")/agent.nk"
+  if ! grep -q '^NODUS_NATS_NKEY_SEED=' "$(at "$ETC")/agent.env" 2>/dev/null; then
+    if [ "$DRY_RUN" = 1 ]; then
+      note "would add NODUS_NATS_NKEY_SEED=$ETC/agent.nk to $(at "$ETC")/agent.env"
+    else
+      printf 'NODUS_NATS_NKEY_SEED=%s\n' "$ETC/agent.nk" >> "$(at "$ETC")/agent.env"
+      note "config: NODUS_NATS_NKEY_SEED=$ETC/agent.nk added to $(at "$ETC")/agent.env"
+    fi
+  fi
+elif ! grep -q '^NODUS_NATS_NKEY_SEED=' "$(at "$ETC")/agent.env" 2>/dev/null; then
+  note "credential: none yet. The bus refuses an agent without one: run again with --nkey-seed FILE,"
+  note "            or set nats.nkey_seed in $ETC/agent.toml (deploy/nats/README.md)"
 fi
 run install -m 0644 "$HERE/README.md" "$(at "$SHARE")/README.md"
 run install -m 0755 "$HERE/gpu-check.sh" "$(at "$SHARE")/gpu-check.sh"

@@ -44,7 +44,7 @@ ulimits = {{ nofile = "1024:2048", nproc = 512 }}
 
 [nats]
 url = "nats://a:4222,nats://b:4222"
-creds = "{tmp}/agent.creds"
+nkey_seed = "{tmp}/agent.nk"
 
 [s3]
 endpoint = "http://127.0.0.1:8333"
@@ -73,7 +73,7 @@ level = "DEBUG"
 
 @pytest.fixture
 def full(tmp_path: Path) -> Path:
-    for name in ("agent.creds", "s3.credentials", "ca.pem"):
+    for name in ("agent.nk", "s3.credentials", "ca.pem"):
         (tmp_path / name).write_text("[default]\naws_access_key_id = AK\naws_secret_access_key = SK\n")
     path = tmp_path / "agent.toml"
     path.write_text(FULL.format(tmp=tmp_path))
@@ -107,7 +107,7 @@ def test_every_setting_comes_from_the_file(full: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert s.docker_ulimits == (Ulimit("nofile", 1024, 2048), Ulimit("nproc", 512, 512))
     assert s.docker_ulimits[0].body() == {"Name": "nofile", "Soft": 1024, "Hard": 2048}
-    assert (s.nats_url, s.nats_creds) == ("nats://a:4222,nats://b:4222", tmp_path / "agent.creds")
+    assert (s.nats_url, s.nats_nkey_seed) == ("nats://a:4222,nats://b:4222", tmp_path / "agent.nk")
     assert (s.s3_endpoint, s.s3_region, s.s3_bucket) == ("http://127.0.0.1:8333", "eu-west-1", "ckpt")
     assert s.s3_credentials_file == tmp_path / "s3.credentials"
     assert (s.max_input_bytes, s.input_parallel, s.ca_bundle) == (2 * 1024**3, 2, tmp_path / "ca.pem")
@@ -362,3 +362,24 @@ def test_install_refuses_without_a_wheel_or_with_a_missing_one(tmp_path: Path) -
     assert "give --wheel" in install("--dry-run", "--root", str(tmp_path)).stderr
     missing = install("--dry-run", "--root", str(tmp_path), "--wheel", str(tmp_path / "nope.whl"))
     assert missing.returncode == 2 and "nope.whl: no such file" in missing.stderr
+
+
+def test_install_takes_the_nodes_seed_and_says_when_there_is_none(tmp_path: Path) -> None:
+    """The bus refuses an agent without a credential (ADR-0026): the installer puts the node's seed in
+    place (0440) and names it in agent.env, refuses what is no seed, and says so when none is given."""
+    root, wheel = tmp_path / "root", tmp_path / "nodus_agent-0.1.0-py3-none-any.whl"
+    root.mkdir()
+    wheel.write_bytes(b"PK")
+    seed = tmp_path / "agent-n1.nk"
+    seed.write_bytes(b"SUAEXAMPLEONLY\n")
+    done = install("--dry-run", "--root", str(root), "--wheel", str(wheel), "--nkey-seed", str(seed))
+    assert done.returncode == 0, done.stderr
+    assert f"would run: install -m 0440 {seed} {root}/etc/nodus/agent.nk" in done.stdout
+    assert f"would add NODUS_NATS_NKEY_SEED=/etc/nodus/agent.nk to {root}/etc/nodus/agent.env" in done.stdout
+    bare = install("--dry-run", "--root", str(root), "--wheel", str(wheel))
+    assert "credential: none yet" in bare.stdout
+    (tmp_path / "not-a-seed").write_text("hello")
+    bad = install(
+        "--dry-run", "--root", str(root), "--wheel", str(wheel), "--nkey-seed", str(tmp_path / "not-a-seed")
+    )
+    assert bad.returncode == 2 and "not a user nkey seed" in bad.stderr

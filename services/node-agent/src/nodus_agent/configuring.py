@@ -282,7 +282,7 @@ KEYS: Final[tuple[Key, ...]] = (
     _key("docker.gpu_mode", "docker_gpu_mode", _choice(DOCKER_GPU_MODES), "device-requests"),
     _key("docker.ulimits", "docker_ulimits", _ulimits, ()),
     _key("nats.url", "nats_url", _nats_url, "nats://127.0.0.1:4222", env="NODUS_NATS_URL"),
-    _key("nats.creds", "nats_creds", _file, None, "JWT + nkey", env="NODUS_NATS_CREDS"),
+    _key("nats.nkey_seed", "nats_nkey_seed", _file, None, "agent-<node>.nk", env="NODUS_NATS_NKEY_SEED"),
     _key("s3.endpoint", "s3_endpoint", _endpoint, None, "unset: AWS"),
     _key("s3.region", "s3_region", _text, "us-east-1"),
     _key("s3.bucket", "s3_bucket", _text, None, "checkpoints and outputs"),

@@ -57,7 +57,8 @@ class AgentSettings:
     """HostConfig.Ulimits of every container; empty on real hosts (sandboxes that cannot raise rlimits
     need explicit, lower ones)."""
     nats_url: str = "nats://127.0.0.1:4222"
-    nats_creds: Path | None = None
+    nats_nkey_seed: Path | None = None
+    """The node's nkey seed (ADR-0026): the kit connects with it (NODUS_NATS_NKEY_SEED)."""
     s3_endpoint: str | None = None
     """None: AWS's own endpoint for ``s3_region``."""
     s3_region: str = "us-east-1"
