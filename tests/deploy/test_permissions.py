@@ -215,7 +215,7 @@ def expected(user: str) -> set[str]:
             own
             | _rights("write", "sweeps", "jobs")
             | _reader("sweeps", "jobs")
-            | {"lease:sweep-controller", "names"}
+            | {"lease:sweep-controller", "names", "events"}
             | lease
         )
     if user == "scheduler":

@@ -130,10 +130,11 @@ GATEWAY = Access(
     serves=(secrets_subject("*"), retention_subject("*")),
 )
 SWEEPS = Access(
-    "cell Jobs of each Sweep, Sweep status",
+    "cell Jobs of each Sweep, Sweep status, Sweep events",
     writes=("sweeps", "jobs"),
     lists=("sweeps", "jobs"),
     keys=(("leases", "sweep-controller"),),
+    publishes=("nodus.events.>",),  # CellNameTaken and the like (nodus_sweeps.eventing)
 )
 SCHEDULER = Access(
     "Job status, Attempts, placement, the published price book, assignments, events, estimates (serves)",

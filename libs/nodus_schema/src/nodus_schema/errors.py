@@ -309,6 +309,14 @@ _ALL: tuple[Reason, ...] = (
         "Inspect the failed cells in status.cells and their Jobs' conditions.",
         "One or more cells of the Sweep failed.",
     ),
+    _r(
+        "CellNameTaken",
+        409,
+        "Conflict",
+        "Delete or rename the Job named in the message (<sweep>-<index>), or rename the Sweep; the cell is "
+        "created once its name is free.",
+        "A Job the Sweep does not own holds a cell's name, so that cell was not created (never adopted).",
+    ),
     # Status reasons that are not errors of a request: they explain a phase (the HTTP mapping is what a
     # request would get if one ever carried them).
     _r(

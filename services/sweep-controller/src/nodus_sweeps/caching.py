@@ -1,4 +1,5 @@
-"""The sweep controller's view of cell Jobs: every Job carrying a Sweep's label, by Sweep, in memory.
+"""The sweep controller's view of cell Jobs: every Job named as a cell (``<sweep>-<index>``), by Sweep and
+index, with its controller's uid, in memory.
 
 Listing the ``jobs`` bucket on every reconcile reads every Job of the namespace (a Sweep's cells cannot be
 selected by subject), so a 1,000-cell Sweep would read a thousand Jobs per pass. Like the scheduler's cache
@@ -10,9 +11,17 @@ selected by subject), so a 1,000-cell Sweep would read a thousand Jobs per pass.
 * the controller reconciles only once the first list is in (:attr:`CellIndex.synced`), so a restarted
   controller never creates a cell the store already holds because it had not read it yet (and a create
   that finds the cell is success anyway);
-* each change calls the hook (the controller's work queue) after the view holds it;
-* each cell is held with its index and its owners' uids worked out once, when it changes, so the cells a
-  Sweep owns (:meth:`CellIndex.owned`) are found without reading every Job's labels on every pass.
+* each change calls the hook (the controller's work queue) after the view holds it.
+
+Ownership is Kubernetes' ControllerRef (``metav1.GetControllerOf``), never labels: a cell of the Sweep with
+uid U is the Job named ``<sweep>-<i>`` whose controller ownerReference (the first with ``controller:
+true``) is ``kind: Sweep``, ``name: <sweep>``, ``uid: U``. The labels (``nodus.dev/sweep``,
+``nodus.dev/cell``) are for people and selectors; anyone who may write Jobs can set them, so they decide
+nothing here. The view holds every Job with a cell's name, labelled or not, so that a name taken by a Job
+the Sweep does not control (one a user created first, one of an earlier Sweep of the same name) is known
+without a request (:meth:`CellIndex.taken`), and its delete wakes the Sweep up, which then creates its own
+cell. Each Job's slot (Sweep name and index, from its name) and controller uid are worked out once, when it
+changes, so a pass finds its cells (:meth:`CellIndex.owned`) without reading every Job's metadata.
 
 Safe to lose: a new process lists again.
 """
@@ -27,11 +36,13 @@ from dataclasses import dataclass
 from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.jobs import Job
-from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL
+from nodus_schema.meta import OwnerReference
+from nodus_schema.sweeps import SWEEP_LABEL
 
 log = logging.getLogger(__name__)
 
 SweepKey = tuple[str, str]  # (namespace, Sweep name)
+SWEEP_GROUP = "nodus.dev"
 
 
 def _rv(job: Job) -> int:
@@ -39,59 +50,97 @@ def _rv(job: Job) -> int:
     return int(rv) if rv else 0
 
 
+def slot_of(name: str) -> tuple[str, int] | None:
+    """(Sweep name, index) of a Job named as a cell, ``<sweep>-<index>``; None for any other name.
+
+    The index is the last ``-`` segment, decimal without leading zeros (``a-1-2`` is cell 2 of Sweep
+    ``a-1``; ``a-01`` is no cell's name)."""
+    sweep, dash, digits = name.rpartition("-")
+    if not (sweep and dash and digits.isascii() and digits.isdigit()) or str(int(digits)) != digits:
+        return None
+    return sweep, int(digits)
+
+
+def controller_of(job: Job) -> OwnerReference | None:
+    """The Job's controller ownerReference: the first with ``controller: true``, as metav1.GetControllerOf."""
+    return next((o for o in job.metadata.owner_references if o.controller), None)
+
+
+def sweep_controller_uid(job: Job, sweep: str) -> str | None:
+    """The uid of the Sweep named ``sweep`` that controls ``job``; None if its controller is anything else
+    (none, another kind, a Sweep of another name)."""
+    ref = controller_of(job)
+    if ref is None or ref.kind != "Sweep" or ref.name != sweep or not ref.uid:
+        return None
+    if ref.api_version.partition("/")[0] != SWEEP_GROUP:
+        return None
+    return ref.uid
+
+
+def controlled_by(job: Job, sweep: str, uid: str | None) -> bool:
+    """Whether the Sweep ``sweep`` with ``uid`` controls ``job`` (the only Jobs it ever acts on)."""
+    return bool(uid) and sweep_controller_uid(job, sweep) == uid
+
+
+def _related(job: Job) -> bool:
+    """A Job that says it belongs to a Sweep, by label or by any ownerReference."""
+    return SWEEP_LABEL in job.metadata.labels or any(o.kind == "Sweep" for o in job.metadata.owner_references)
+
+
 @dataclass(frozen=True, slots=True)
-class _Cell:
+class _Slot:
     job: Job
-    index: int | None  # None: a label that is not a number (never written by Nodus; such a Job is no cell)
-    owners: frozenset[str]  # the uids of its owners
-
-
-def _cell(job: Job) -> _Cell:
-    label = job.metadata.labels.get(CELL_LABEL, "")
-    return _Cell(
-        job,
-        int(label) if label.isdigit() else None,
-        frozenset(o.uid for o in job.metadata.owner_references if o.uid),
-    )
+    controller: str | None  # the uid of the Sweep of its name that controls it (None: no such Sweep)
 
 
 class CellIndex:
     def __init__(self, jobs: ObjectStore[Job]) -> None:
         self.store = jobs
-        self._by_sweep: dict[SweepKey, dict[str, _Cell]] = {}
+        self._by_sweep: dict[SweepKey, dict[int, _Slot]] = {}
         self.hook: Callable[[SweepKey], None] = lambda key: None
+        self.interest: Callable[[SweepKey], bool] = lambda key: True
+        """Whether a change of a Job that claims no Sweep (no Sweep label, no Sweep ownerReference) but
+        has a cell's name wakes that Sweep (the reconciler: a Sweep it knows). Jobs that claim a Sweep
+        always do."""
         self.synced = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
-    def cells_of(self, key: SweepKey) -> list[Job]:
-        return [c.job for c in self._by_sweep.get(key, {}).values()]
-
     def owned(self, key: SweepKey, uid: str | None) -> dict[int, Job]:
-        """The cells of Sweep ``key`` that the Sweep with ``uid`` owns, by index (a same-named Sweep
-        created after a delete must not adopt the old one's cells)."""
-        return {
-            c.index: c.job
-            for c in self._by_sweep.get(key, {}).values()
-            if c.index is not None and uid in c.owners
-        }
+        """The cells of the Sweep ``key`` with ``uid``, by index: the Jobs with its cells' names that it
+        controls. A same-named Sweep created after a delete never adopts the old one's cells."""
+        if not uid:
+            return {}
+        return {i: s.job for i, s in self._by_sweep.get(key, {}).items() if s.controller == uid}
+
+    def taken(self, key: SweepKey, uid: str | None) -> dict[int, Job]:
+        """The Jobs that hold a cell's name of the Sweep ``key`` with ``uid`` without being its cells, by
+        index: no controller, another controller, or an earlier Sweep of the same name."""
+        return {i: s.job for i, s in self._by_sweep.get(key, {}).items() if not uid or s.controller != uid}
+
+    def dependents(self, key: SweepKey) -> list[Job]:
+        """The Jobs with the cells' names of Sweep ``key`` that a Sweep of that name controls (any uid)."""
+        return [s.job for s in self._by_sweep.get(key, {}).values() if s.controller is not None]
 
     def apply(self, job: Job, *, deleted: bool = False) -> None:
-        """Take ``job`` if it is a cell and newer than what the view holds."""
-        sweep = job.metadata.labels.get(SWEEP_LABEL)
-        if not sweep:
+        """Take ``job`` if it has a cell's name and is newer than what the view holds."""
+        name = job.metadata.name or ""
+        slot = slot_of(name)
+        if slot is None:
             return
+        sweep, index = slot
         key = (job.metadata.namespace or "", sweep)
         cells = self._by_sweep.setdefault(key, {})
-        name = job.metadata.name or ""
-        old = cells.get(name)
+        old = cells.get(index)
         if old is not None and _rv(old.job) > _rv(job):
             return
         if deleted:
-            cells.pop(name, None)
-            if not cells:
-                self._by_sweep.pop(key, None)
+            cells.pop(index, None)
         else:
-            cells[name] = _cell(job)
+            cells[index] = _Slot(job, sweep_controller_uid(job, sweep))
+        if not cells:
+            self._by_sweep.pop(key, None)
+        if not (_related(job) or (old is not None and _related(old.job)) or self.interest(key)):
+            return
         try:
             self.hook(key)
         except Exception:  # the view must keep following the store whatever a hook does

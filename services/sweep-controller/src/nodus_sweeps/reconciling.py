@@ -1,8 +1,15 @@
 """The Sweep reconciler: cells Jobs in, cell table and best cells out.
 
-Level-triggered and safe to kill at any line: it derives everything from the Sweep and the Jobs that
-carry its label (read from an informer, :mod:`nodus_sweeps.caching`), creates the next missing cells
-(AlreadyExists is success), and writes the status only when it changed.
+Level-triggered and safe to kill at any line: it derives everything from the Sweep and the Jobs it
+controls (read from an informer, :mod:`nodus_sweeps.caching`), creates the next missing cells
+(AlreadyExists is success when the Job found is its own), and writes the status only when it changed.
+
+Ownership is Kubernetes' ControllerRef, never labels (ADR-0007): the Sweep acts only on the Jobs named as
+its cells whose controller ownerReference carries its uid, for everything (counting, the rows, the best
+cells, the cost, maxParallel, state propagation, the cascade on delete). A cell's name held by any other Job
+(a user's, one of an earlier Sweep of the same name) is never adopted: the cell is reported Pending with no
+object, the condition ``CellNameTaken`` and an event say which Job holds it and what to do, the other cells
+go on, and once the Job is gone the cell is created (docs/sweeps.md, "Cells and their names").
 
 What a pass costs is kept small for Sweeps of a thousand cells, whose status is ~140 kB (issue #8's
 200 cells/s, bench/sweeps_bench.py):
@@ -37,12 +44,13 @@ from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.costs import Cost, CostSegments, Estimate
 from nodus_schema.defaulting import default_job
 from nodus_schema.estimating import RATE_CEILING_ANNOTATION
-from nodus_schema.expanding import Cell, cell_job, expand
+from nodus_schema.expanding import Cell, cell_job, cell_job_name, expand
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import Condition, now_rfc3339, set_condition
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.sweeps import Sweep, SweepBest, SweepCell, SweepStatus
-from nodus_sweeps.caching import CellIndex
+from nodus_sweeps.caching import CellIndex, controlled_by, controller_of
+from nodus_sweeps.eventing import publish_event
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PARALLEL = 4
@@ -53,6 +61,10 @@ PASS_INTERVAL_S = 0.025
 """The least time between the starts of two passes over one Sweep (a freed slot waits at most this)."""
 STOP_EARLY_ANNOTATION = "nodus.dev/stop-early"
 """``"true"``: start no more cells while the projected cost to finish exceeds what is left under the cap."""
+NAME_TAKEN = "CellNameTaken"
+"""The reason (and condition type) of a Sweep one of whose cells' names is held by a Job it does not own."""
+LISTED = 10
+"""Cells named in a message at most."""
 
 Key = tuple[str, str]
 
@@ -66,9 +78,14 @@ class SweepReconciler:
     def __init__(self, nc: NATS) -> None:
         self.sweeps = ObjectStore(nc, "sweeps", Sweep)
         self.jobs = ObjectStore(nc, "jobs", Job)
+        self.nc = nc
         self.cells = CellIndex(self.jobs)
         self._seen: dict[Key, Sweep] = {}
         self._gone: dict[Key, int] = {}  # the revision each deleted Sweep was deleted at
+        self._gone_uid: dict[Key, str] = {}  # the uid of each Sweep seen deleted (whose cells go)
+        self._announced: dict[Key, set[tuple[str, int, str]]] = {}  # (Sweep uid, index, holder uid) told
+        # A Job with a cell's name but no claim to a Sweep wakes only a Sweep the view holds.
+        self.cells.interest = lambda key: key in self._seen
         self._expanded: dict[Key, tuple[str | None, int | None, list[Cell]]] = {}
         self._rows: dict[Key, dict[int, tuple[str | None, SweepCell]]] = {}
         self._written: dict[Key, float] = {}  # monotonic time of the last status write
@@ -78,6 +95,8 @@ class SweepReconciler:
         """Drop every view (a replica that wins the lease again must not trust what it saw before)."""
         self._seen.clear()
         self._gone.clear()
+        self._gone_uid.clear()
+        self._announced.clear()
         self._expanded.clear()
         self._rows.clear()
         self._written.clear()
@@ -98,9 +117,12 @@ class SweepReconciler:
         if deleted:
             self._seen.pop(key, None)
             self._gone[key] = rv
+            if sweep.metadata.uid:
+                self._gone_uid[key] = sweep.metadata.uid
         else:
             self._seen[key] = sweep
             self._gone.pop(key, None)
+            self._gone_uid.pop(key, None)
 
     async def _sweep(self, key: Key) -> Sweep:
         held = self._seen.get(key)
@@ -112,6 +134,7 @@ class SweepReconciler:
 
     def _forget(self, key: Key) -> None:
         self._seen.pop(key, None)
+        self._announced.pop(key, None)
         self._expanded.pop(key, None)
         self._rows.pop(key, None)
         self._written.pop(key, None)
@@ -133,21 +156,47 @@ class SweepReconciler:
             sweep = await self._sweep(key)
         except NotFound:
             self._forget(key)
-            await self._collect(ns, name, self.cells.cells_of(key))
+            await self._collect(ns, name, self._gone_uid.get(key), self.cells.dependents(key))
             return None
         # A child of the Sweep's create, whatever event brought it here; its cells carry it on (ADR-0032).
         with tracing.object_span("reconcile Sweep", sweep):
             return await self._reconcile(key, sweep)
 
     async def _reconcile(self, key: Key, sweep: Sweep) -> float | None:
-        owned = self.cells.owned(key, sweep.metadata.uid)
         cells = self._cells(key, sweep)
+        uid = sweep.metadata.uid
+        # Only the matrix's cells: a Job with a name past the last index is no cell, whoever owns it.
+        all_owned, all_taken = self.cells.owned(key, uid), self.cells.taken(key, uid)
+        owned = {c.index: all_owned[c.index] for c in cells if c.index in all_owned}
+        taken = {c.index: all_taken[c.index] for c in cells if c.index in all_taken}
         await self._propagate_state(sweep, owned)
-        outlook = project(sweep, len(cells), owned)
+        outlook = project(sweep, len(cells) - len(taken), owned)
         if not (outlook is not None and outlook.over and stops_early(sweep)):
-            await self._create_cells(sweep, cells, owned)
-        status = self._status(sweep, cells, owned, outlook, self._rows.setdefault(key, {}))
+            await self._create_cells(sweep, cells, owned, taken)
+        await self._announce(key, sweep, taken)
+        status = self._status(sweep, cells, owned, outlook, self._rows.setdefault(key, {}), taken)
         return await self._write(key, sweep, status)
+
+    async def _announce(self, key: Key, sweep: Sweep, taken: dict[int, Job]) -> None:
+        """One Warning event per cell whose name a Job the Sweep does not own holds (per holder)."""
+        told = self._announced.setdefault(key, set())
+        uid = sweep.metadata.uid or ""
+        now = {(uid, i, job.metadata.uid or "") for i, job in taken.items()}
+        for _, index, holder in sorted(now - told):
+            job = taken[index]
+            await publish_event(
+                self.nc,
+                sweep,
+                NAME_TAKEN,
+                f"cell #{index}: {taken_sentence(sweep, job)}; {taken_fix([job])}",
+                severity="Warning",
+                once=f"{NAME_TAKEN}:{index}:{holder}",
+            )
+            log.warning(
+                "cell name taken",
+                extra={"sweep": sweep.metadata.name, "cell": index, "job": job.metadata.name},
+            )
+        self._announced[key] = now  # a name taken again later is told again
 
     def _cells(self, key: Key, sweep: Sweep) -> list[Cell]:
         """The Sweep's cells, expanded once per generation (a spec change is a new generation)."""
@@ -160,14 +209,17 @@ class SweepReconciler:
         self._rows.pop(key, None)  # rows carry the cell's matrix values
         return cells
 
-    async def _collect(self, ns: str, name: str, cell_jobs: list[Job]) -> None:
+    async def _collect(self, ns: str, name: str, uid: str | None, cell_jobs: list[Job]) -> None:
         """The Sweep is gone: its cells go too (ownerReferences, as Kubernetes' garbage collector does).
 
-        Only Jobs that still name a Sweep of this name as owner: cells orphaned on purpose
-        (propagationPolicy=Orphan removes the reference) stay.
+        Only Jobs with a cell's name whose controller ownerReference is a Sweep of this name: with the uid
+        of the Sweep seen deleted, when this process saw the delete; else any uid, since no Sweep of this
+        name exists for any of them to belong to. Cells orphaned on purpose (propagationPolicy=Orphan
+        removes the reference) stay, and so does every Job without a Sweep as its controller, labels or not.
         """
         for job in cell_jobs:
-            if not any(o.kind == "Sweep" and o.name == name for o in job.metadata.owner_references):
+            ref = controller_of(job)
+            if ref is None or ref.kind != "Sweep" or ref.name != name or (uid and ref.uid != uid):
                 continue
             try:
                 self.cells.apply(await self.jobs.delete(ns, job.metadata.name or ""), deleted=True)
@@ -195,15 +247,20 @@ class SweepReconciler:
             except NotFound:
                 pass
 
-    async def _create_cells(self, sweep: Sweep, cells: list[Cell], owned: dict[int, Job]) -> None:
+    async def _create_cells(
+        self, sweep: Sweep, cells: list[Cell], owned: dict[int, Job], taken: dict[int, Job]
+    ) -> None:
+        """The next missing cells, in index order, up to maxParallel unfinished. A cell whose name a Job
+        the Sweep does not control holds is skipped (it takes no slot) and put in ``taken``."""
         if (sweep.spec.state or "Running") != "Running":
             return
         limit = sweep.spec.max_parallel or DEFAULT_MAX_PARALLEL
         unfinished = sum(1 for j in owned.values() if j.status.phase not in TERMINAL_PHASES)
+        name, ns, uid = sweep.metadata.name or "", sweep.metadata.namespace, sweep.metadata.uid
         for cell in cells:
             if unfinished >= limit:
                 return
-            if cell.index in owned:
+            if cell.index in owned or cell.index in taken:
                 continue
             try:
                 # Defaulted as a Job the gateway admitted would be (the GPU request of the cell included).
@@ -213,9 +270,15 @@ class SweepReconciler:
                 measuring.SWEEP_CELLS_CREATED.inc()
                 log.info("cell created", extra={"sweep": sweep.metadata.name, "cell": cell.index})
             except AlreadyExists:
-                owned[cell.index] = await self.jobs.get(
-                    sweep.metadata.namespace, f"{sweep.metadata.name}-{cell.index}"
-                )
+                # Ours (a create the view has not seen yet) or a Job of someone else: never adopted.
+                try:
+                    found = await self.jobs.get(ns, cell_job_name(name, cell.index))
+                except NotFound:
+                    continue  # deleted meanwhile: its event brings the next pass, which creates it
+                if not controlled_by(found, name, uid):
+                    taken[cell.index] = found
+                    continue
+                owned[cell.index] = found
             unfinished += 1
 
     def _status(
@@ -225,9 +288,12 @@ class SweepReconciler:
         owned: dict[int, Job],
         outlook: Outlook | None = None,
         built: dict[int, tuple[str | None, SweepCell]] | None = None,
+        taken: dict[int, Job] | None = None,
     ) -> SweepStatus:
         """``built``: the rows of an earlier pass by index with their Job's revision (None: no Job
-        yet), reused where the Job did not change and updated in place."""
+        yet), reused where the Job did not change and updated in place. ``taken``: the Jobs that hold
+        cells' names without being the Sweep's, by index (their rows are Pending, with no object)."""
+        taken = taken or {}
         m = sweep.spec.matrix
         built = {} if built is None else built
         rows = []
@@ -239,9 +305,11 @@ class SweepReconciler:
                 held = built[c.index] = (rv, _cell_row(c, job, bool(m.gpu), bool(m.regions)))
             rows.append(held[1])
         old = sweep.status
-        phase, reason, message = _phase(sweep, rows)
+        phase, reason, message = _phase(sweep, rows, taken)
         phase, reason, message = _capped(sweep, owned, phase, reason, message)
         phase, reason, message = _stopped_early(sweep, outlook, owned, phase, reason, message)
+        if taken and phase in ("Pending", "Running") and not reason:
+            phase, reason, message = phase, NAME_TAKEN, f"{message}; {taken_summary(sweep, taken)}"
         final = phase in TERMINAL_PHASES and all(_final(owned[r.index]) for r in rows if r.index in owned)
         status = SweepStatus(
             cells=rows,
@@ -252,8 +320,10 @@ class SweepReconciler:
             message=message,
             observed_generation=sweep.metadata.generation,
             start_time=old.start_time or (now_rfc3339() if owned else None),
-            completion_time=old.completion_time or (now_rfc3339() if phase in TERMINAL_PHASES else None),
-            conditions=list(old.conditions),
+            # A Sweep that runs again (a cell's Job deleted, a taken name freed) has not completed.
+            completion_time=(old.completion_time or now_rfc3339()) if phase in TERMINAL_PHASES else None,
+            # Copies: set_condition changes a condition in place, and the old status is the view's.
+            conditions=[msgspec.structs.replace(c) for c in old.conditions],
             estimate=old.estimate,
         )
         cond = Condition(
@@ -264,8 +334,20 @@ class SweepReconciler:
             observed_generation=sweep.metadata.generation,
         )
         set_condition(status.conditions, cond, now=status.completion_time or now_rfc3339())
+        if phase not in TERMINAL_PHASES:
+            # A Sweep that runs again (a taken name freed, a cell's Job deleted) has not ended any more.
+            for ended in [
+                c for c in status.conditions if c.type in ("Complete", "Failed") and c.status == "True"
+            ]:
+                again = msgspec.structs.replace(
+                    ended, status="False", reason=reason or phase, message=message
+                )
+                set_condition(status.conditions, again, now=now_rfc3339())
         if outlook is not None:
             set_condition(status.conditions, outlook.condition(sweep), now=now_rfc3339())
+        named = _taken_condition(sweep, taken, had=any(c.type == NAME_TAKEN for c in old.conditions))
+        if named is not None:
+            set_condition(status.conditions, named, now=now_rfc3339())
         return status
 
     async def _write(self, key: Key, sweep: Sweep, status: SweepStatus) -> float | None:
@@ -486,11 +568,22 @@ def _stopped_early(
     return "Suspended", "StoppedEarly", f"stopped early: {outlook.sentence()}; {fix}"
 
 
-def _phase(sweep: Sweep, rows: list[SweepCell]) -> tuple[str, str | None, str]:
+def _phase(
+    sweep: Sweep, rows: list[SweepCell], taken: dict[int, Job] | None = None
+) -> tuple[str, str | None, str]:
+    """The Sweep's phase from its rows (ADR-0007). A cell whose name is taken (``taken``; its row is
+    Pending) never runs while it is: once every other cell has ended and spec.state is Running, the Sweep
+    ends Failed with CellNameTaken (a cell created later, its name freed, makes it run again)."""
+    taken = taken or {}
     n = len(rows)
     done = [r for r in rows if r.phase in TERMINAL_PHASES]
     failed = [r for r in rows if r.phase == "Failed"]
     state = sweep.spec.state or "Running"
+    if taken and state == "Running" and len(done) + len(taken) == n:
+        counts = [(sum(1 for r in done if r.phase == p), p.lower()) for p in TERMINAL_PHASES]
+        ended = ", ".join(f"{c} {p}" for c, p in counts if c)
+        others = f"the other {len(done)} cells ended: {ended}" if done else "no other cell"
+        return "Failed", NAME_TAKEN, f"{taken_summary(sweep, taken, of=n)}; {others}"
     if len(done) == n:
         if failed:
             which = ", ".join(f"#{r.index}" for r in failed[:10])
@@ -508,3 +601,59 @@ def _phase(sweep: Sweep, rows: list[SweepCell]) -> tuple[str, str | None, str]:
     if running or done:
         return "Running", None, f"{len(done)} of {n} cells finished, {running} in progress"
     return "Pending", None, f"{n} cells to run"
+
+
+def taken_sentence(sweep: Sweep, job: Job) -> str:
+    """Who holds a cell's name: ``the Job lr-1 is not this Sweep's (it has no controller)``."""
+    ref = controller_of(job)
+    if ref is None:
+        whose = "it has no controller"
+    elif ref.kind == "Sweep" and ref.name == sweep.metadata.name:
+        whose = f"its controller is the Sweep {ref.name} of uid {ref.uid}, an earlier Sweep of this name"
+    else:
+        whose = f"its controller is the {ref.kind} {ref.name} of uid {ref.uid}"
+    return f"the Job {job.metadata.name} is not this Sweep's ({whose})"
+
+
+def taken_fix(jobs: list[Job]) -> str:
+    """``delete or rename the Job lr-1, or rename the Sweep``."""
+    names = ", ".join(j.metadata.name or "" for j in jobs[:LISTED]) + (", ..." if len(jobs) > LISTED else "")
+    return f"delete or rename the Job{'s' if len(jobs) > 1 else ''} {names}, or rename the Sweep"
+
+
+def taken_summary(sweep: Sweep, taken: dict[int, Job], *, of: int | None = None) -> str:
+    """``1 cell not created, its name taken by a Job this Sweep does not own: #1 (lr-1); delete or rename
+    the Job lr-1, or rename the Sweep`` (``of``: ``1 of 6 cells``)."""
+    order = sorted(taken)
+    k = len(order)
+    which = ", ".join(f"#{i} ({taken[i].metadata.name})" for i in order[:LISTED])
+    more = ", ..." if k > LISTED else ""
+    count = f"{k} of {of} cells" if of is not None else f"{k} cell{'s' if k > 1 else ''}"
+    held = "its name taken by a Job" if k == 1 else "their names taken by Jobs"
+    fix = taken_fix([taken[i] for i in order])
+    return f"{count} not created, {held} this Sweep does not own: {which}{more}; {fix}"
+
+
+def _taken_condition(sweep: Sweep, taken: dict[int, Job], *, had: bool) -> Condition | None:
+    """``CellNameTaken``: True while a cell's name is held by a Job the Sweep does not own (which, and
+    why, in the message); False once none is, for a Sweep that had it; absent on every other Sweep."""
+    if not taken:
+        if not had:
+            return None
+        return Condition(
+            type=NAME_TAKEN,
+            status="False",
+            reason="CellNamesFree",
+            message="every cell's name is free or held by this Sweep's own cell",
+            observed_generation=sweep.metadata.generation,
+        )
+    order = sorted(taken)
+    told = [f"#{i}: {taken_sentence(sweep, taken[i])}" for i in order[:LISTED]]
+    more = f"; and {len(order) - LISTED} more" if len(order) > LISTED else ""
+    return Condition(
+        type=NAME_TAKEN,
+        status="True",
+        reason=NAME_TAKEN,
+        message=f"{'; '.join(told)}{more}; {taken_fix([taken[i] for i in order])}",
+        observed_generation=sweep.metadata.generation,
+    )
