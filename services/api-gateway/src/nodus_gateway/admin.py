@@ -6,25 +6,44 @@
 * ``POST /apis/nodus.dev/v1/tokens`` → 201 with the secret, the only time it is shown;
   ``GET /apis/nodus.dev/v1/tokens[/{id}]`` without secrets; ``DELETE /apis/nodus.dev/v1/tokens/{id}``
   revokes. A project admin sees and manages only tokens whose roles are all in projects it admins.
+  A token expires: ``spec.expirationSeconds`` (600 s to a year) or ``spec.expirationTimestamp`` (as far
+  ahead), else 30 days (nodus_schema.access); ``status.expirationTimestamp`` says when.
+
+Creates are admitted as every other kind's (admitting.admit, with the rows :data:`PROJECT_RESOURCE` and
+:func:`token_resource` that live here, outside the resource table): ``?fieldValidation=`` Strict
+(the default) refuses an unknown field by name, Warn sends a ``Warning: 299`` for each, Ignore drops them.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, Final
 
-import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from nodus_gateway import bodies
+from nodus_gateway.admitting import admit, field_validation
 from nodus_gateway.authorizing import Principal, authorize, forbidden
-from nodus_gateway.principals import Principals, TokenRecord
-from nodus_gateway.resources import Stores
+from nodus_gateway.principals import ID_LENGTH, PROJECTS_BUCKET, TOKENS_BUCKET, Principals, TokenRecord
+from nodus_gateway.resources import Resource, Stores
 from nodus_gateway.responding import ApiError, object_response
+from nodus_gateway.routing import FieldValidationQ, admitted_response
 from nodus_kit import errors as kit
 from nodus_schema import API_GROUP, API_VERSION, CauseType, FieldError, ListMeta, ObjectMeta, to_builtins
-from nodus_schema.access import ROLES, Project, ProjectList, ProjectSpec, TokenList, TokenSpec
+from nodus_schema.access import (
+    MAX_TOKEN_EXPIRATION_S,
+    MIN_TOKEN_EXPIRATION_S,
+    ROLES,
+    Project,
+    ProjectList,
+    Token,
+    TokenList,
+    TokenSpec,
+)
+from nodus_schema.meta import format_time, parse_time
 
 PREFIX: Final = f"/apis/{API_VERSION}"
 _LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -32,6 +51,60 @@ _LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _PRINCIPAL: Final = re.compile(r"[a-z0-9]([-a-z0-9._@]{0,251}[a-z0-9])?")
 RESERVED_PRINCIPALS: Final = frozenset({"admin"})
 """The bootstrap admin's name: a minted token under it would read like the cluster admin in messages."""
+_ADMIN_VERBS: Final = ("create", "delete", "get", "list")
+
+
+def _unchanged(obj: Any) -> Any:
+    return obj
+
+
+def _project_errors(project: Project) -> list[FieldError]:
+    name = project.metadata.name or ""
+    if _LABEL.fullmatch(name):
+        return []
+    return [
+        FieldError(
+            "metadata.name",
+            CauseType.INVALID,
+            f"Invalid value: {name!r}: a project name must be a DNS-1123 label "
+            "(lower case letters, digits and '-', at most 63 characters)",
+        )
+    ]
+
+
+PROJECT_RESOURCE: Final = Resource(
+    plural="projects",
+    singular="project",
+    kind="Project",
+    bucket=PROJECTS_BUCKET,
+    object_type=Project,
+    list_type=ProjectList,
+    default=_unchanged,
+    validate=_project_errors,
+    max_name=63,
+    namespaced=False,
+    verbs=_ADMIN_VERBS,
+    served_by="admin",
+)
+"""What admission needs to know of a Project (the routes below serve it, not the resource table's)."""
+
+
+def token_resource(now: Callable[[], float]) -> Resource:
+    """The Token row for admission; its rules read the clock (an expiration is checked against ``now``)."""
+    return Resource(
+        plural="tokens",
+        singular="token",
+        kind="Token",
+        bucket=TOKENS_BUCKET,
+        object_type=Token,
+        list_type=TokenList,
+        default=_unchanged,
+        validate=lambda token: _token_spec_errors(token.spec, now()),
+        max_name=ID_LENGTH,
+        namespaced=False,
+        verbs=_ADMIN_VERBS,
+        served_by="admin",
+    )
 
 
 def admin_router(principals: Principals, stores: Stores, *, max_body_bytes: int) -> APIRouter:
@@ -50,10 +123,12 @@ def _project_routes(router: APIRouter, principals: Principals, stores: Stores, m
     store = principals.projects
 
     @router.post(f"{PREFIX}/projects", status_code=201, name="create project")
-    async def create_project(request: Request) -> Response:
+    async def create_project(request: Request, field_validation_: FieldValidationQ = None) -> Response:
         await authorize(request, "create", "projects", None)
+        validation = field_validation(field_validation_)
         data = bodies.parse(await bodies.read_body(request, max_body_bytes), bodies.media_type(request))
-        project = _project_from(data)
+        admitted = admit(PROJECT_RESOURCE, data, None, validation)
+        project = _project_from(admitted.obj)
         try:
             created = await store.create(project)
         except kit.AlreadyExists:
@@ -64,7 +139,7 @@ def _project_routes(router: APIRouter, principals: Principals, stores: Stores, m
                 kind="projects",
                 fix="Pick another name; `nodus get projects` lists the existing ones.",
             ) from None
-        return object_response(created, 201)
+        return admitted_response(PROJECT_RESOURCE, created, admitted.warnings, 201)
 
     @router.get(f"{PREFIX}/projects", name="list projects")
     async def list_projects(request: Request) -> Response:
@@ -102,32 +177,13 @@ def _project_routes(router: APIRouter, principals: Principals, stores: Stores, m
         return object_response(deleted)
 
 
-def _project_from(data: Any) -> Project:
-    if not isinstance(data, dict):
-        raise ApiError.of("BadRequest", "the request body must be a Project object")
-    try:
-        meta = msgspec.convert(data.get("metadata") or {}, ObjectMeta)
-        spec = msgspec.convert(data.get("spec") or {}, ProjectSpec)
-    except msgspec.ValidationError as e:
-        raise ApiError.of("BadRequest", f"the request body is not a valid Project: {e}") from None
-    name = meta.name or ""
-    if not _LABEL.fullmatch(name):
-        cause = FieldError(
-            "metadata.name",
-            CauseType.INVALID,
-            f"Invalid value: {name!r}: a project name must be a DNS-1123 label "
-            "(lower case letters, digits and '-', at most 63 characters)",
-        )
-        raise ApiError.of(
-            "Invalid",
-            f'Project.{API_GROUP} "{name}" is invalid: {cause}',
-            name=name,
-            kind="Project",
-            causes=[cause],
-        )
-    # Only the name and labels are the caller's; uid, timestamps and status are the server's.
+def _project_from(admitted: Project) -> Project:
+    """The Project to store: of the admitted object's metadata only the name, labels and annotations are
+    the caller's (no finalizers or owners on a project); uid, timestamps and status are the server's."""
+    meta = admitted.metadata
     return Project(
-        metadata=ObjectMeta(name=name, labels=meta.labels, annotations=meta.annotations), spec=spec
+        metadata=ObjectMeta(name=meta.name, labels=meta.labels, annotations=meta.annotations),
+        spec=admitted.spec,
     )
 
 
@@ -168,17 +224,21 @@ async def _contents(stores: Stores, project: str) -> list[str]:
 
 
 def _token_routes(router: APIRouter, principals: Principals, max_body_bytes: int) -> None:
+    token_res = token_resource(principals.now)
+
     @router.post(f"{PREFIX}/tokens", status_code=201, name="create token")
-    async def create_token(request: Request) -> Response:
+    async def create_token(request: Request, field_validation_: FieldValidationQ = None) -> Response:
         caller = await authorize(request, "create", "tokens", None)
+        validation = field_validation(field_validation_)
         data = bodies.parse(await bodies.read_body(request, max_body_bytes), bodies.media_type(request))
-        spec = _token_spec_from(data)
+        admitted = admit(token_res, _as_token(data), None, validation)
+        spec: TokenSpec = admitted.obj.spec
         # Authorization before checking that the projects exist: otherwise a project admin could tell
         # other tenants' projects from missing ones by the error it gets.
         _check_may_grant(caller, spec)
         await _check_projects_exist(principals, spec)
         token = await principals.mint(spec)
-        return object_response(token, 201)
+        return admitted_response(token_res, token, admitted.warnings, 201)
 
     @router.get(f"{PREFIX}/tokens", name="list tokens")
     async def list_tokens(request: Request) -> Response:
@@ -204,24 +264,19 @@ def _token_routes(router: APIRouter, principals: Principals, max_body_bytes: int
         return object_response(revoked)
 
 
-def _token_spec_from(data: Any) -> TokenSpec:
-    """The spec of a Token object (``{"spec": {"principal", "roles"}}``), or the spec alone."""
-    if not isinstance(data, dict):
-        raise ApiError.of("BadRequest", "the request body must be a Token object")
-    raw = data.get("spec") if "spec" in data else data
-    try:
-        spec = msgspec.convert(raw, TokenSpec)
-    except msgspec.ValidationError as e:
-        cause = FieldError("spec", CauseType.INVALID, str(e))
-        raise _invalid_token([cause]) from None
-    causes = _token_spec_errors(spec)
-    if causes:
-        raise _invalid_token(causes)
-    return spec
+_TOKEN_TOP: Final = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
 
 
-def _token_spec_errors(spec: TokenSpec) -> list[FieldError]:
-    causes: list[FieldError] = []
+def _as_token(data: Any) -> Any:
+    """A Token object (``{"spec": {"principal", "roles", ...}}``) as it is; the spec alone (the short form
+    the endpoint has always taken: no key of a Token's own) as the Token holding it."""
+    if isinstance(data, Mapping) and data and not (_TOKEN_TOP & data.keys()):
+        return {"spec": data}
+    return data
+
+
+def _token_spec_errors(spec: TokenSpec, now: float) -> list[FieldError]:
+    causes: list[FieldError] = _expiration_errors(spec, now)
     if not _PRINCIPAL.fullmatch(spec.principal) or spec.principal in RESERVED_PRINCIPALS:
         causes.append(
             FieldError(
@@ -246,6 +301,32 @@ def _token_spec_errors(spec: TokenSpec) -> list[FieldError]:
                 )
             )
     return causes
+
+
+def _expiration_errors(spec: TokenSpec, now: float) -> list[FieldError]:
+    """At most one of expirationSeconds and expirationTimestamp, each within 10 minutes to a year."""
+    seconds, stamp = spec.expiration_seconds, spec.expiration_timestamp
+    bounds = f"between {MIN_TOKEN_EXPIRATION_S} seconds (10 minutes) and {MAX_TOKEN_EXPIRATION_S} (a year)"
+    if seconds is not None and stamp is not None:
+        message = "Forbidden: may not be set together with spec.expirationSeconds: ask for one of them"
+        return [FieldError("spec.expirationTimestamp", CauseType.FORBIDDEN, message)]
+    if seconds is not None and not MIN_TOKEN_EXPIRATION_S <= seconds <= MAX_TOKEN_EXPIRATION_S:
+        return [
+            FieldError(
+                "spec.expirationSeconds", CauseType.INVALID, f"Invalid value: {seconds}: must be {bounds}"
+            )
+        ]
+    if stamp is None:
+        return []
+    try:
+        left = parse_time(stamp).timestamp() - now
+    except ValueError as e:
+        return [FieldError("spec.expirationTimestamp", CauseType.INVALID, f"Invalid value: {stamp!r}: {e}")]
+    if not MIN_TOKEN_EXPIRATION_S <= left <= MAX_TOKEN_EXPIRATION_S:
+        current = format_time(datetime.fromtimestamp(now, UTC))
+        message = f"Invalid value: {stamp!r}: must be {bounds} from now ({current})"
+        return [FieldError("spec.expirationTimestamp", CauseType.INVALID, message)]
+    return []
 
 
 def _invalid_token(causes: list[FieldError]) -> ApiError:

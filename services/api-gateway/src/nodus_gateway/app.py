@@ -15,6 +15,7 @@ from starlette.types import ASGIApp
 
 from nodus_gateway.admin import admin_router
 from nodus_gateway.auth import BearerAuth
+from nodus_gateway.authlimits import AuthFailureLimiter
 from nodus_gateway.billingapi import billing_router
 from nodus_gateway.clusterrouting import cluster_router
 from nodus_gateway.config import MAX_BODY_BYTES
@@ -48,9 +49,12 @@ def build_app(
     ready: Callable[[], bool] = lambda: True,
     max_body_bytes: int = MAX_BODY_BYTES,
     principals: Principals | None = None,
+    auth_limiter: AuthFailureLimiter | None = None,
 ) -> FastAPI:
     """``principals`` holds minted tokens and projects; without it only the admin token is accepted and
-    the projects and tokens endpoints are not served."""
+    the projects and tokens endpoints are not served. ``auth_limiter`` counts failed authentications per
+    client (authlimits.py; default: its default limits, a new one per app)."""
+    limiter = auth_limiter if auth_limiter is not None else AuthFailureLimiter()
     # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
     # Kubernetes' shape, which the full API serves with discovery.
     app = GatewayApp(title="Nodus API", version=VERSION, openapi_url=None, docs_url=None, redoc_url=None)
@@ -80,14 +84,16 @@ def build_app(
     # events as Tables, whichever route wrote them (tabling.TableResponses says why it is a middleware).
     app.add_middleware(TableResponses)
     # Added last runs first: the request context wraps authentication, so a 401 has its request id too.
-    app.add_middleware(BearerAuth, token=admin_token, principals=principals)
+    app.add_middleware(BearerAuth, token=admin_token, principals=principals, limiter=limiter)
     app.add_middleware(WebView)  # /ui/: the web view's static files, outside auth (webview.py says why)
     app.add_middleware(RequestContext)
 
     # The lane of routes with direct handlers (dispatching.GatewayApp): the same middlewares, in the
     # same order, around the handler alone.
     def wrap(inner: ASGIApp) -> ASGIApp:
-        return RequestContext(BearerAuth(TableResponses(inner), token=admin_token, principals=principals))
+        return RequestContext(
+            BearerAuth(TableResponses(inner), token=admin_token, principals=principals, limiter=limiter)
+        )
 
     app.open_lane(wrap)
     return app

@@ -9,6 +9,13 @@ minted through ``POST /apis/nodus.dev/v1/tokens`` (looked up by digest in :mod:`
 The principal goes into ``scope["state"]["principal"]`` for :func:`nodus_gateway.authorizing.principal_of`.
 A token is never logged: neither this module nor the access log writes the Authorization header.
 
+A minted token that has expired answers 401 saying only that it expired. Rejected credentials are counted
+per client (:mod:`nodus_gateway.authlimits`); once a client is limited, a minted token from it is still
+checked and works if valid (guessing one of 256 random bits gains nothing, and a shared NAT or proxy
+address, or a CI job looping on an expired token, must not lock out everyone behind it), while any other
+credential, the admin token included, answers 429 without being compared: that is the one an operator
+chose, so the one worth guessing. A request without a token is not a failure (nothing was guessed).
+
 Then the request's verb, resource and project are read from its path and method (Kubernetes' RequestInfo)
 and checked with :func:`nodus_gateway.authorizing.decide`, so a route that forgets its own check is still
 covered. Paths outside ``/apis/nodus.dev/v1/<resource>`` (discovery, OpenAPI) are open to every
@@ -23,10 +30,11 @@ from typing import Final
 from urllib.parse import parse_qs
 
 import nats.errors
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nodus_gateway.authlimits import AuthFailureLimiter
 from nodus_gateway.authorizing import ADMIN, Principal, decide
-from nodus_gateway.principals import Principals
+from nodus_gateway.principals import TOKEN_PREFIX, Expired, Principals
 from nodus_gateway.responding import ApiError, bus_unavailable, status_response
 from nodus_schema import API_VERSION
 
@@ -37,6 +45,16 @@ TOKEN_FIX: Final = (
     "Send `Authorization: Bearer <token>`. The local stack's admin token is NODUS_TOKEN in "
     ".nodus/local.env (written by `make up`; the nodus CLI reads it from there); an admin mints other "
     "tokens with `POST /apis/nodus.dev/v1/tokens`. A revoked token stops working within seconds."
+)
+EXPIRED_FIX: Final = (
+    "Tokens expire (30 days after they are minted unless asked otherwise). Ask an admin of your project, or "
+    "the cluster admin, for a new one (`POST /apis/nodus.dev/v1/tokens`), then use it: "
+    "`nodus login --server URL --token NEW_TOKEN`, NODUS_TOKEN, or the token in your kubeconfig."
+)
+LIMITED_FIX: Final = (
+    "Too many requests from your address were refused for their credentials. Wait Retry-After seconds, "
+    "then retry with a valid token (`nodus config view` shows the context the CLI uses); a token that "
+    "expired or was revoked needs a new one from an admin of your project."
 )
 
 # Method -> verb, for a path that names one object and for one that names a collection.
@@ -60,11 +78,6 @@ def _authorization(scope: Scope) -> str | None:
         if name == b"authorization":
             return str(value.decode("latin-1"))
     return None
-
-
-def token_matches(given: str, expected: str) -> bool:
-    # compare_digest takes as long whatever prefix matches, so the token cannot be guessed byte by byte.
-    return hmac.compare_digest(given.encode(), expected.encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,36 +121,66 @@ class BearerAuth:
     """ASGI middleware: 401 Unauthorized (a Status) unless the request carries a valid token; then 403 or
     404 unless its principal may do what the path asks."""
 
-    def __init__(self, app: ASGIApp, token: str, principals: Principals | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str,
+        principals: Principals | None = None,
+        limiter: AuthFailureLimiter | None = None,
+    ) -> None:
+        """``limiter``: shared by every BearerAuth of one app (the app's two lanes count the same
+        failures); None: failures are not limited."""
         if not token:
             raise ValueError("BearerAuth needs a non-empty token")
         self.app = app
         self.token = token
         self._token_bytes = token.encode()
         self.principals = principals
+        self.limiter = limiter if limiter is not None else AuthFailureLimiter(failures=0)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"].rstrip("/") in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
         given = bearer_token(_authorization(scope))
-        if given is not None and hmac.compare_digest(given.encode(), self._token_bytes):
+        if given is None:
+            await self.unauthorized("no bearer token was sent", TOKEN_FIX, scope, receive, send)
+            return
+        # O(1), and nothing at all while no client has failed lately.
+        retry_after = self.limiter.retry_after(scope)
+        if retry_after is None and hmac.compare_digest(given.encode(), self._token_bytes):
             # The admin token, the bootstrap credential: no store lookup, and the admin may do anything
-            # (decide allows every verb for it), so the path need not be read either.
+            # (decide allows every verb for it), so the path need not be read either. compare_digest
+            # takes as long whatever prefix matches, so the token cannot be guessed byte by byte.
             scope.setdefault("state", {})["principal"] = ADMIN
             await self.app(scope, receive, send)
             return
+        if retry_after is not None and (self.principals is None or not given.startswith(TOKEN_PREFIX)):
+            # Limited: not compared at all, so a right guess of the admin token looks like a wrong one.
+            self.limiter.failed(scope)
+            await self.too_many(retry_after, scope, receive, send)
+            return
         try:
-            principal = await self.principal(given) if given is not None else None
+            principal = await self.principals.authenticate(given) if self.principals is not None else None
         except nats.errors.Error as e:
             # The token store is on the bus: the caller should retry, as for any other store read.
             status = bus_unavailable(e).status
             await status_response(status, headers={"Retry-After": "1"})(scope, receive, send)
             return
-        if principal is None:
-            await self.unauthorized(given, scope, receive, send)
+        if not isinstance(principal, Principal):
+            self.limiter.failed(scope)
+            if retry_after is not None:
+                await self.too_many(retry_after, scope, receive, send)
+            elif isinstance(principal, Expired):
+                # Only that it expired: not whose it was, its roles or when, as for a token never minted.
+                await self.unauthorized("the bearer token has expired", EXPIRED_FIX, scope, receive, send)
+            else:
+                message = "the bearer token is not valid for this gateway"
+                await self.unauthorized(message, TOKEN_FIX, scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
+        if principal.warning is not None:
+            send = _with_warning(send, principal.warning)
         info = request_info(scope["method"], scope["path"], scope.get("query_string", b""))
         error = decide(principal, info.verb, info.plural, info.namespace, info.name) if info else None
         if error is not None:
@@ -145,17 +188,29 @@ class BearerAuth:
             return
         await self.app(scope, receive, send)
 
-    async def principal(self, given: str) -> Principal | None:
-        if token_matches(given, self.token):
-            return ADMIN
-        if self.principals is None:
-            return None
-        return await self.principals.authenticate(given)
-
-    async def unauthorized(self, given: str | None, scope: Scope, receive: Receive, send: Send) -> None:
-        message = (
-            "no bearer token was sent" if given is None else "the bearer token is not valid for this gateway"
-        )
-        err = ApiError.of("Unauthorized", f"Unauthorized: {message}", fix=TOKEN_FIX)
+    async def unauthorized(self, message: str, fix: str, scope: Scope, receive: Receive, send: Send) -> None:
+        err = ApiError.of("Unauthorized", f"Unauthorized: {message}", fix=fix)
         response = status_response(err.status, headers={"WWW-Authenticate": 'Bearer realm="nodus"'})
         await response(scope, receive, send)
+
+    async def too_many(self, retry_after: int, scope: Scope, receive: Receive, send: Send) -> None:
+        err = ApiError.of(
+            "TooManyRequests",
+            f"Too many failed authentications from this client: try again in {retry_after} seconds",
+            fix=LIMITED_FIX,
+            retry_after=retry_after,
+        )
+        await status_response(err.status, headers={"Retry-After": str(retry_after)})(scope, receive, send)
+
+
+def _with_warning(send: Send, text: str) -> Send:
+    """``send`` with a ``Warning: 299`` header added to the response's start (Kubernetes' form; ``text``
+    is the gateway's own, printable ASCII without quotes)."""
+    header = (b"warning", f'299 - "{text}"'.encode("latin-1"))
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), header]}
+        await send(message)
+
+    return sending

@@ -47,6 +47,12 @@ class Principal:
     admin: bool = False
     roles: dict[str, str] = field(default_factory=dict)
     """project -> role (viewer, editor, admin)."""
+    expires_at: float | None = None
+    """When the token this principal came with stops authenticating (Unix seconds); None: it has no end
+    the gateway knows of (the bootstrap NODUS_ADMIN_TOKEN, which its operator rotates)."""
+    warning: str | None = None
+    """Sent as a ``Warning: 299`` header with every response to this principal (a token minted before
+    tokens expired: when it will expire)."""
 
     def admin_of(self, project: str) -> bool:
         return self.admin or self.roles.get(project) == "admin"

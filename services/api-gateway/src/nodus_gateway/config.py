@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from nodus_gateway.authlimits import DEFAULT_FAILURES, DEFAULT_MAX_CLIENTS, DEFAULT_WINDOW_S
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8440
@@ -27,6 +30,13 @@ class GatewayConfig:
     tls_cert: str | None = None
     """PEM certificate chain; with ``tls_key`` the API is served over HTTPS."""
     tls_key: str | None = None
+    auth_failures: int = DEFAULT_FAILURES
+    """Rejected credentials per client within ``auth_window_s`` before it gets 429 (0: no limit)."""
+    auth_window_s: float = DEFAULT_WINDOW_S
+    auth_max_clients: int = DEFAULT_MAX_CLIENTS
+    """Clients whose failures are tracked at once (the least recently failing one is forgotten first)."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses or CIDRs of proxies whose X-Forwarded-For names the client; none by default."""
 
     @property
     def tls(self) -> bool:
@@ -34,8 +44,10 @@ class GatewayConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewayConfig:
-        """NODUS_ADMIN_TOKEN (required), NODUS_GATEWAY_HOST, NODUS_GATEWAY_PORT, and NODUS_GATEWAY_TLS_CERT
-        with NODUS_GATEWAY_TLS_KEY (both or neither: HTTPS, or plain HTTP)."""
+        """NODUS_ADMIN_TOKEN (required), NODUS_GATEWAY_HOST, NODUS_GATEWAY_PORT, NODUS_GATEWAY_TLS_CERT
+        with NODUS_GATEWAY_TLS_KEY (both or neither: HTTPS, or plain HTTP), and the limit on failed
+        authentication: NODUS_GATEWAY_AUTH_FAILURES, NODUS_GATEWAY_AUTH_WINDOW_S,
+        NODUS_GATEWAY_AUTH_MAX_CLIENTS and NODUS_GATEWAY_TRUSTED_PROXIES (docs/tokens.md)."""
         token = env.get("NODUS_ADMIN_TOKEN", "").strip()
         if not token:
             # Starting without a token would mean either refusing every call or accepting anyone's, and
@@ -59,7 +71,58 @@ class GatewayConfig:
             port=port,
             tls_cert=cert,
             tls_key=key,
+            auth_failures=_int(env, "NODUS_GATEWAY_AUTH_FAILURES", DEFAULT_FAILURES, 0, 1_000_000),
+            auth_window_s=_seconds(env, "NODUS_GATEWAY_AUTH_WINDOW_S", DEFAULT_WINDOW_S, 86_400.0),
+            auth_max_clients=_int(env, "NODUS_GATEWAY_AUTH_MAX_CLIENTS", DEFAULT_MAX_CLIENTS, 1, 10_000_000),
+            trusted_proxies=_trusted_proxies(env),
         )
+
+
+def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={value} is not between {low} and {high}")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, high: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not 0 < value <= high:
+        raise ConfigError(f"{name}={value:g} is not more than 0 and at most {high:g} seconds")
+    return value
+
+
+def _trusted_proxies(env: Mapping[str, str]) -> tuple[str, ...]:
+    """NODUS_GATEWAY_TRUSTED_PROXIES: comma-separated addresses or CIDRs. Only a connection from one of
+    them has its X-Forwarded-For read (the rightmost address that is not a trusted proxy is the client);
+    from anyone else the header is a claim anyone can make, so it is ignored. ``*`` is refused: it would
+    let every caller choose the address its failures are counted under."""
+    raw = env.get("NODUS_GATEWAY_TRUSTED_PROXIES", "").strip()
+    out: list[str] = []
+    for item in (i.strip() for i in raw.split(",")):
+        if not item:
+            continue
+        try:
+            network = ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"NODUS_GATEWAY_TRUSTED_PROXIES: {item!r} is not an IP address or CIDR (such as 10.0.0.0/8); "
+                "list the addresses of the proxies in front of the gateway, comma-separated"
+            ) from None
+        out.append(str(network) if "/" in item else str(network.network_address))
+    return tuple(out)
 
 
 def _tls_files(env: Mapping[str, str]) -> tuple[str | None, str | None]:

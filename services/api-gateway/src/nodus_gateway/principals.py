@@ -9,17 +9,25 @@ compared in constant time.
 Lookups are cached for a few seconds (NODUS_TOKEN_CACHE_TTL_S, default 5) so a request does not wait on
 the bus. Revoking a token drops it from this gateway's cache at once; another gateway replica may accept
 it until its cached entry expires, so a revocation takes effect everywhere within the TTL.
+
+A token expires at ``status.expirationTimestamp``, fixed when it is minted (:func:`expiration_of`), and is
+compared with the gateway's clock (``now``, injectable) on every request, cached or not: an expired token
+stops at once on every replica. A record minted before tokens expired has no expiration stored; it
+expires a year (``LEGACY_EXPIRATION_S``) after its creationTimestamp, as if it had been minted with the
+longest lifetime a token may have now, and every response to it carries a Warning saying so.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final
 
 import msgspec
@@ -30,7 +38,15 @@ from nodus_gateway.config import ConfigError
 from nodus_kit import errors as kit
 from nodus_kit.storing import ObjectStore, Page
 from nodus_schema import ObjectMeta
-from nodus_schema.access import Project, Token, TokenSpec
+from nodus_schema.access import (
+    DEFAULT_TOKEN_EXPIRATION_S,
+    MAX_TOKEN_EXPIRATION_S,
+    Project,
+    Token,
+    TokenSpec,
+    TokenStatus,
+)
+from nodus_schema.meta import format_time, parse_time
 from nodus_schema.wire import Wire
 
 TOKEN_PREFIX: Final = "nds_"
@@ -41,6 +57,8 @@ DEFAULT_CACHE_TTL_S: Final = 5.0
 CACHE_MAX: Final = 10_000
 TOKENS_BUCKET: Final = "tokens"
 PROJECTS_BUCKET: Final = "projects"
+LEGACY_EXPIRATION_S: Final = MAX_TOKEN_EXPIRATION_S
+"""How long after its creation a token minted before tokens expired (no expiration stored) still works."""
 
 
 class TokenRecord(Wire):
@@ -50,10 +68,53 @@ class TokenRecord(Wire):
     spec: TokenSpec
     digest: str
     """Hex HMAC-SHA256 of the secret under the pepper."""
+    status: TokenStatus = msgspec.field(default_factory=TokenStatus)
+    """Its expirationTimestamp; empty in a record minted before tokens expired."""
+
+    @property
+    def legacy(self) -> bool:
+        """Minted before tokens expired: no expiration stored, so it is derived (:func:`expires_at`)."""
+        return self.status.expiration_timestamp is None
+
+    def expires_at(self) -> float:
+        """When it stops authenticating (Unix seconds). For a legacy record, its creation plus
+        LEGACY_EXPIRATION_S; a record with neither time readable has already expired (fail closed)."""
+        try:
+            if self.status.expiration_timestamp is not None:
+                return parse_time(self.status.expiration_timestamp).timestamp()
+            created = parse_time(self.metadata.creation_timestamp or "")
+        except ValueError:
+            return 0.0
+        return created.timestamp() + LEGACY_EXPIRATION_S
 
     def public(self) -> Token:
-        """The Token as the API shows it: without digest or secret."""
-        return Token(metadata=self.metadata, spec=self.spec)
+        """The Token as the API shows it: without digest or secret, with the expiration it is held to."""
+        status = self.status
+        if self.legacy:
+            status = msgspec.structs.replace(status, expiration_timestamp=_stamp(self.expires_at()))
+        return Token(metadata=self.metadata, spec=self.spec, status=status)
+
+
+def _stamp(unix_s: float) -> str:
+    return format_time(datetime.fromtimestamp(unix_s, UTC))
+
+
+def expiration_of(spec: TokenSpec, now: float) -> float:
+    """When a token minted at ``now`` for ``spec`` (already validated) expires, in whole Unix seconds: the
+    time it asks for, or ``now`` plus the lifetime it asks for, else plus DEFAULT_TOKEN_EXPIRATION_S.
+    Rounded down, so a token never lives longer than it asked."""
+    if spec.expiration_timestamp is not None:
+        return float(math.floor(parse_time(spec.expiration_timestamp).timestamp()))
+    return float(math.floor(now) + (spec.expiration_seconds or DEFAULT_TOKEN_EXPIRATION_S))
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """What :meth:`Principals.authenticate` answers for a token that existed and has expired: nothing else
+    about it (whose it was, its roles, when it expired), so the 401 tells the caller only that."""
+
+
+EXPIRED: Final = Expired()
 
 
 def pepper_of(env: Mapping[str, str], admin_token: str) -> bytes:
@@ -140,10 +201,14 @@ class Principals:
         pepper: bytes,
         cache_ttl_s: float = DEFAULT_CACHE_TTL_S,
         clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
     ) -> None:
+        """``clock`` times the lookup cache (monotonic); ``now`` is the wall clock tokens expire by (Unix
+        seconds): a test passes its own instead of waiting."""
         if not pepper:
             raise ValueError("Principals needs a non-empty pepper")
         self.pepper = pepper
+        self.now = now
         self.tokens: ObjectStore[TokenRecord] = ObjectStore(nc, TOKENS_BUCKET, TokenRecord)
         self.projects: ObjectStore[Project] = ObjectStore(nc, PROJECTS_BUCKET, Project)
         self.cache = TokenCache(cache_ttl_s, clock=clock)
@@ -157,16 +222,21 @@ class Principals:
     def digest(self, secret: str) -> str:
         return hmac.new(self.pepper, secret.encode(), hashlib.sha256).hexdigest()
 
-    async def authenticate(self, secret: str) -> Principal | None:
-        """The principal a minted token speaks for, or None if it is unknown or revoked."""
+    async def authenticate(self, secret: str) -> Principal | Expired | None:
+        """The principal a minted token speaks for; EXPIRED once it has expired; None if it is unknown or
+        revoked."""
         if not secret.startswith(TOKEN_PREFIX):
             return None  # not one of ours: no bus trip, and nothing to cache
         digest = self.digest(secret)
         cached = self.cache.get(digest)
         if cached is not None:
-            return cached.principal
-        principal = await self._lookup(digest)
-        self.cache.put(digest, principal)
+            principal = cached.principal
+        else:
+            principal = await self._lookup(digest)
+            self.cache.put(digest, principal)
+        # Compared on every request, cached or not: the cache must not stretch a token's life.
+        if principal is not None and principal.expires_at is not None and principal.expires_at <= self.now():
+            return EXPIRED
         return principal
 
     async def _lookup(self, digest: str) -> Principal | None:
@@ -177,13 +247,30 @@ class Principals:
         # The id is only a prefix: the whole digest must match, compared in constant time.
         if not hmac.compare_digest(record.digest, digest):
             return None
-        return Principal(name=record.spec.principal, roles=dict(record.spec.roles))
+        expires_at = record.expires_at()
+        warning = None
+        if record.legacy:
+            warning = (
+                f"this token was minted before tokens expired and stops working at {_stamp(expires_at)}, "
+                "a year after it was minted: ask an admin for a new one (POST /apis/nodus.dev/v1/tokens)"
+            )
+        return Principal(
+            name=record.spec.principal, roles=dict(record.spec.roles), expires_at=expires_at, warning=warning
+        )
 
     async def mint(self, spec: TokenSpec) -> Token:
-        """A new token for ``spec``: the returned Token carries the secret, which is not kept anywhere."""
+        """A new token for ``spec`` (validated, admin.py), expiring as :func:`expiration_of` says: the
+        returned Token carries the secret, which is not kept anywhere."""
         secret = new_secret()
         digest = self.digest(secret)
-        record = TokenRecord(metadata=ObjectMeta(name=digest[:ID_LENGTH]), spec=spec, digest=digest)
+        now = self.now()
+        record = TokenRecord(
+            # creationTimestamp from the same clock as the expiration, so the two always agree.
+            metadata=ObjectMeta(name=digest[:ID_LENGTH], creation_timestamp=_stamp(now)),
+            spec=spec,
+            digest=digest,
+            status=TokenStatus(expiration_timestamp=_stamp(expiration_of(spec, now))),
+        )
         created = await self.tokens.create(record)
         # No cache entry to drop: an unknown-token entry exists only for a secret someone presented, and
         # this one was generated a moment ago.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import uvicorn
@@ -55,11 +55,18 @@ class ApiServer:
         *,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        trusted_proxies: Sequence[str] = (),
     ) -> None:
+        """``trusted_proxies``: addresses or CIDRs whose X-Forwarded-For and X-Forwarded-Proto are believed
+        (the client is then the rightmost forwarded address that is not a trusted proxy). None by default,
+        not even 127.0.0.1 as uvicorn's own default would: the client address is what failed
+        authentications are limited by (authlimits.py), and a header any caller can send must not choose
+        it."""
         if (ssl_certfile is None) != (ssl_keyfile is None):
             raise ValueError("HTTPS needs both ssl_certfile and ssl_keyfile")
         self.app, self.host, self.port = app, host, port
         self.ssl_certfile, self.ssl_keyfile = ssl_certfile, ssl_keyfile
+        self.trusted_proxies = tuple(trusted_proxies)
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -93,6 +100,8 @@ class ApiServer:
             timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
             ssl_certfile=self.ssl_certfile,
             ssl_keyfile=self.ssl_keyfile,
+            proxy_headers=bool(self.trusted_proxies),
+            forwarded_allow_ips=list(self.trusted_proxies) or None,
         )
         # Loaded here rather than inside the serving task, so that a bad certificate or key fails the start
         # with its own error, before anything is served.

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from nodus_gateway.app import build_app
+from nodus_gateway.authlimits import AuthFailureLimiter
 from nodus_gateway.config import GatewayConfig
 from nodus_gateway.noding import serve_nodes
 from nodus_gateway.principals import Principals, cache_ttl_of, pepper_of
@@ -40,6 +41,9 @@ class GatewayService(Service):
             ready=lambda: self.nc is not None and self.nc.is_connected,
             max_body_bytes=self.config.max_body_bytes,
             principals=Principals(self.bus, pepper=self.token_pepper, cache_ttl_s=self.token_cache_ttl_s),
+            auth_limiter=AuthFailureLimiter(
+                self.config.auth_failures, self.config.auth_window_s, self.config.auth_max_clients
+            ),
         )
         self.server = ApiServer(
             app,
@@ -47,6 +51,7 @@ class GatewayService(Service):
             self.config.port,
             ssl_certfile=self.config.tls_cert,
             ssl_keyfile=self.config.tls_key,
+            trusted_proxies=self.config.trusted_proxies,
         )
         await self.server.start()
         log.info("API listening", extra={"url": self.server.url, "tls": self.config.tls})
