@@ -10,6 +10,7 @@ import msgspec
 from nodus_kit.errors import Conflict, NotFound
 from nodus_kit.messaging import Delivery
 from nodus_kit.storing import ObjectStore
+from nodus_kit.vouching import REPORT_PREFIX, Forgeries, sender
 from nodus_scheduler.caching import Cache
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.messages import (
@@ -39,12 +40,17 @@ class Reports:
     runs a batch concurrently): a short run's Started and Finished arrive together, and applied side by
     side to the same cached revision one of them always lost its compare-and-set and was read and
     written again (0.85 refused writes per cell in bench/sweeps_bench.py). Queued behind the Started,
-    the Finished applies to the revision the Started wrote."""
+    the Finished applies to the revision the Started wrote.
+
+    Node restriction: a report counts only when the node of its subject (which the bus lets only that
+    node's agent publish on), the node it names and the Attempt's node agree; any other is dropped and
+    counted (nodus_kit.vouching), so one GPU host cannot finish, fail or rate another's runs."""
 
     def __init__(self, attempts: ObjectStore[Attempt], cache: Cache | None = None) -> None:
         self.attempts = attempts
         self.cache = cache
         self._turns: dict[tuple[str, str], _Turn] = {}
+        self.forgeries = Forgeries("scheduler", "report")
 
     async def handle(self, delivery: Delivery[Report]) -> None:
         key = (delivery.data.namespace, delivery.data.attempt)
@@ -55,15 +61,17 @@ class Reports:
         try:
             # asyncio.Lock wakes waiters first come, first served: delivery order is kept.
             async with turn.lock:
-                await self._apply(delivery.data)
+                await self._apply(delivery.data, sender(delivery.subject, REPORT_PREFIX))
         finally:
             turn.users -= 1
             if turn.users == 0:
                 del self._turns[key]
 
-    async def _apply(self, report: Report) -> None:
+    async def _apply(self, report: Report, node: str | None) -> None:
         cached = self.cache.attempts.get((report.namespace, report.attempt)) if self.cache else None
         if cached is not None:
+            if not self._genuine(report, node, cached):
+                return
             changed = apply(cached, report)
             if changed is None:
                 return  # already recorded (a redelivery, or a late report after the finish)
@@ -72,12 +80,21 @@ class Reports:
                 return
             except (Conflict, NotFound):
                 pass  # someone wrote first (or it was deleted): read it fresh below
+        verdicts: list[bool] = []
+
+        def change(a: Attempt) -> Attempt | None:
+            if not verdicts:  # judged (and counted) once, however often a lost race reads again
+                verdicts.append(self._genuine(report, node, a))
+            return apply(a, report) if verdicts[0] else None
+
         try:
-            self._seen(
-                await self.attempts.mutate(report.namespace, report.attempt, lambda a: apply(a, report))
-            )
+            self._seen(await self.attempts.mutate(report.namespace, report.attempt, change))
         except NotFound:
             return  # the Job (and its Attempts) were deleted meanwhile: nothing to record
+
+    def _genuine(self, report: Report, node: str | None, a: Attempt) -> bool:
+        about = f"{type(report).__name__} of {report.namespace}/{report.attempt}"
+        return self.forgeries.genuine(node, report.node, a.spec.node, about)
 
     def _seen(self, written: Attempt) -> None:
         if self.cache is not None:
