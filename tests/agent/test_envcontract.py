@@ -125,3 +125,19 @@ def test_the_gang_variables_win_over_the_jobs_env(tmp_path: Path) -> None:
     env = build_env(start, AttemptDir(tmp_path, "t", start.attempt), settings)
     assert (env["MASTER_ADDR"], env["RANK"], env["NODUS_RANK"], env["LR"]) == ("n0", "8", "1", "0.1")
     assert env["NODUS_ATTEMPT"] == start.attempt and env["NODUS_INDEX"] == "0"
+
+
+def test_the_process_runtime_refuses_egress_it_cannot_enforce() -> None:
+    """A local process runs on the host's network: a Job that asks for none is refused (Lost: a node with
+    the docker runtime can run it), never run with the network on."""
+    from nodus_agent.envcontract import NO_EGRESS_DENY, refusal
+    from nodus_schema.jobs import Egress, Network
+
+    msg = StartAttempt(namespace="ns", job="j", attempt="a", index=0, attempt_no=1, node="n", command=["x"])
+    deny = msgspec.structs.replace(msg, network=Network(egress=Egress(policy="Deny")))
+    assert refusal(deny, "process") == NO_EGRESS_DENY
+    assert refusal(msgspec.structs.replace(deny, image="busybox"), "docker") is None
+    assert (
+        refusal(msgspec.structs.replace(msg, network=Network(egress=Egress(policy="Open"))), "process")
+        is None
+    )

@@ -12,6 +12,8 @@ from nats.aio.client import Client as NATS
 
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
 from nodus_gateway.resources import stores_for
+from nodus_schema.defaulting import default_job
+from nodus_schema.jobs import Job
 
 API = "/apis/nodus.dev/v1"
 MERGE = {"Content-Type": "application/merge-patch+json"}
@@ -307,14 +309,22 @@ async def test_field_validation_strict_warn_ignore(api: httpx.AsyncClient, uniqu
 # ---------------------------------------------------------------------------------------------------------
 
 
-async def sweep_with_cells(api: httpx.AsyncClient, namespace: str, name: str) -> dict[str, Any]:
-    """A Sweep and two cell Jobs it owns (created through the jobs API, as the controller would)."""
+async def store_job(nc: NATS, namespace: str, body: dict[str, Any]) -> None:
+    """Write a Job straight into the store, as the sweep controller writes its cells: the API refuses the
+    nodus.dev/ labels and a Sweep's controller reference in what users write."""
+    job = default_job(msgspec.convert(body, Job))
+    meta = msgspec.structs.replace(job.metadata, namespace=namespace, generation=1)
+    await stores_for(nc)["jobs"].create(msgspec.structs.replace(job, metadata=meta))
+
+
+async def sweep_with_cells(api: httpx.AsyncClient, nc: NATS, namespace: str, name: str) -> dict[str, Any]:
+    """A Sweep and two cell Jobs it owns (written to the store, as the controller writes them)."""
     sweep = await create(api, sweeps(namespace), sweep_body(name))
     for i in range(2):
         cell = job_body(
             f"{name}-{i}", labels={"nodus.dev/sweep": name, "nodus.dev/cell": str(i)}, owner=sweep
         )
-        await create(api, jobs(namespace), cell)
+        await store_job(nc, namespace, cell)
     return sweep
 
 
@@ -322,8 +332,10 @@ async def job_names(api: httpx.AsyncClient, namespace: str) -> list[str]:
     return [j["metadata"]["name"] for j in (await api.get(jobs(namespace))).json()["items"]]
 
 
-async def test_orphan_delete_keeps_the_cells_without_their_owner(api: httpx.AsyncClient, unique: str) -> None:
-    await sweep_with_cells(api, unique, "lr")
+async def test_orphan_delete_keeps_the_cells_without_their_owner(
+    api: httpx.AsyncClient, nc: NATS, unique: str
+) -> None:
+    await sweep_with_cells(api, nc, unique, "lr")
     resp = await api.delete(sweeps(unique, "lr"), params={"propagationPolicy": "Orphan"})
     assert resp.status_code == 200, resp.text
     assert resp.json()["metadata"]["name"] == "lr"
@@ -335,9 +347,11 @@ async def test_orphan_delete_keeps_the_cells_without_their_owner(api: httpx.Asyn
         assert cell["metadata"]["labels"]["nodus.dev/sweep"] == "lr"  # labels stay
 
 
-async def test_foreground_delete_removes_the_cells_first(api: httpx.AsyncClient, unique: str) -> None:
-    await sweep_with_cells(api, unique, "lr")
-    await create(api, jobs(unique), job_body("unowned", labels={"nodus.dev/sweep": "lr"}))
+async def test_foreground_delete_removes_the_cells_first(
+    api: httpx.AsyncClient, nc: NATS, unique: str
+) -> None:
+    await sweep_with_cells(api, nc, unique, "lr")
+    await store_job(nc, unique, job_body("unowned", labels={"nodus.dev/sweep": "lr"}))
     # kubectl sends the options as a DeleteOptions body.
     options = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Foreground"}
     resp = await api.request("DELETE", sweeps(unique, "lr"), json=options)
@@ -347,9 +361,9 @@ async def test_foreground_delete_removes_the_cells_first(api: httpx.AsyncClient,
 
 
 async def test_background_delete_leaves_the_cells_to_the_controller(
-    api: httpx.AsyncClient, unique: str
+    api: httpx.AsyncClient, nc: NATS, unique: str
 ) -> None:
-    await sweep_with_cells(api, unique, "lr")
+    await sweep_with_cells(api, nc, unique, "lr")
     resp = await api.delete(sweeps(unique, "lr"))
     assert resp.status_code == 200, resp.text
     failure(await api.get(sweeps(unique, "lr")), 404, "NotFound")

@@ -89,6 +89,26 @@ def do(*mutations: Mutation) -> Mutation:
     return mutate
 
 
+def vol(*mutations: Mutation) -> Mutation:
+    """``mutations`` on the full Job given two volumes (refused as not supported yet, checked anyway)."""
+    volumes = at(
+        "spec.volumes",
+        [
+            VolumeMount(volume="cache", mount_path="/cache"),
+            VolumeMount(volume="ro", mount_path="/ro", read_only=True, revision=1),
+        ],
+    )
+    return do(volumes, *mutations)
+
+
+def git(*mutations: Mutation) -> Mutation:
+    """``mutations`` on the full Job given a git source (refused as not supported yet, checked anyway)."""
+    return do(
+        at("spec.source", Source(git=GitSource(repo="acme/llm", ref="main", path="/workspace/src"))),
+        *mutations,
+    )
+
+
 def _check(errors: list[FieldError], path: str | None, reason: CauseType | None, where: str) -> None:
     if path is None:
         assert errors == [], f"{where}: expected no errors, got {[str(e) for e in errors]}"
@@ -250,29 +270,35 @@ RANGES = [
     ("maxSize 0", at("spec.recovery.checkpoint.max_size", "0"), "spec.recovery.checkpoint.maxSize", INV),
     (
         "32 outputs ok",
-        at("spec.outputs", [JobOutput(name=f"o{i}", path=f"/o/{i}") for i in range(32)]),
+        at("spec.outputs", [JobOutput(name=f"o{i}", path=f"/nodus/outputs/{i}") for i in range(32)]),
         None,
         None,
     ),
     (
         "33 outputs",
-        at("spec.outputs", [JobOutput(name=f"o{i}", path=f"/o/{i}") for i in range(33)]),
+        at("spec.outputs", [JobOutput(name=f"o{i}", path=f"/nodus/outputs/{i}") for i in range(33)]),
         "spec.outputs",
         MANY,
     ),
     (
         "64 checkpoint paths ok",
-        at("spec.recovery.checkpoint.paths", [f"/c/{i}" for i in range(64)]),
+        at("spec.recovery.checkpoint.paths", [f"/nodus/state/{i}" for i in range(64)]),
         None,
         None,
     ),
     (
         "65 checkpoint paths",
-        at("spec.recovery.checkpoint.paths", [f"/c/{i}" for i in range(65)]),
+        at("spec.recovery.checkpoint.paths", [f"/nodus/state/{i}" for i in range(65)]),
         "spec.recovery.checkpoint.paths",
         MANY,
     ),
-    ("128 allow ok", at("spec.network.egress.allow", [f"h{i}.example.com" for i in range(128)]), None, None),
+    # AllowList is refused as not supported yet (no node enforces it); the list's own rules still hold.
+    (
+        "128 allow: only not supported",
+        at("spec.network.egress.allow", [f"h{i}.example.com" for i in range(128)]),
+        "spec.network.egress.allow",
+        FORB,
+    ),
     (
         "129 allow",
         at("spec.network.egress.allow", [f"h{i}.example.com" for i in range(129)]),
@@ -280,7 +306,8 @@ RANGES = [
         MANY,
     ),
     ("scaledownWindow 0s ok", at("spec.scaledown_window", "0s"), None, None),
-    ("scaledownWindow 20m ok", at("spec.scaledown_window", "20m"), None, None),
+    # Only 0s is honoured (no capacity is kept warm): above it, "not supported yet".
+    ("scaledownWindow 20m", at("spec.scaledown_window", "20m"), "spec.scaledownWindow", FORB),
     ("scaledownWindow 21m", at("spec.scaledown_window", "21m"), "spec.scaledownWindow", INV),
     ("maxAttempts 32 ok", at("spec.recovery.max_attempts", 32), None, None),
     ("maxAttempts 0", at("spec.recovery.max_attempts", 0), "spec.recovery.maxAttempts", INV),
@@ -351,7 +378,19 @@ PATTERNS = [
     ("output path /proc", at("spec.outputs[0].path", "/proc/self"), "spec.outputs[0].path", FORB),
     ("output path /", at("spec.outputs[0].path", "/"), "spec.outputs[0].path", FORB),
     ("output path missing", at("spec.outputs[1].path", None), "spec.outputs[1].path", REQ),
-    ("checkpoint path /etc/myapp ok", at("spec.recovery.checkpoint.paths", ["/etc/myapp"]), None, None),
+    # Only what the node agent collects: at or beneath /nodus/state or /nodus/outputs.
+    (
+        "checkpoint path /nodus/outputs/ckpt ok",
+        at("spec.recovery.checkpoint.paths", ["/nodus/outputs/c"]),
+        None,
+        None,
+    ),
+    (
+        "checkpoint path /etc/myapp",
+        at("spec.recovery.checkpoint.paths", ["/etc/myapp"]),
+        "spec.recovery.checkpoint.paths[0]",
+        FORB,
+    ),
     (
         "checkpoint path /etc",
         at("spec.recovery.checkpoint.paths", ["/etc"]),
@@ -376,27 +415,38 @@ PATTERNS = [
         "spec.recovery.checkpoint.paths[1]",
         DUP,
     ),
-    ("mountPath /usr/src/cache ok", at("spec.volumes[0].mount_path", "/usr/src/cache"), None, None),
-    ("mountPath /usr", at("spec.volumes[0].mount_path", "/usr"), "spec.volumes[0].mountPath", FORB),
-    ("mountPath /", at("spec.volumes[0].mount_path", "/"), "spec.volumes[0].mountPath", FORB),
-    ("mountPath /dev/shm", at("spec.volumes[0].mount_path", "/dev/shm"), "spec.volumes[0].mountPath", FORB),
+    # spec.volumes is refused (not supported yet); its items are still checked, all in one answer.
+    ("volumes not supported", vol(at("spec.volumes[0].mount_path", "/usr/src/cache")), "spec.volumes", FORB),
+    ("mountPath /usr", vol(at("spec.volumes[0].mount_path", "/usr")), "spec.volumes[0].mountPath", FORB),
+    ("mountPath /", vol(at("spec.volumes[0].mount_path", "/")), "spec.volumes[0].mountPath", FORB),
     (
-        "mountPath /nodus/outputs",
-        at("spec.volumes[0].mount_path", "/nodus/outputs"),
+        "mountPath /dev/shm",
+        vol(at("spec.volumes[0].mount_path", "/dev/shm")),
         "spec.volumes[0].mountPath",
         FORB,
     ),
-    ("mountPath relative", at("spec.volumes[0].mount_path", "cache"), "spec.volumes[0].mountPath", INV),
-    ("mountPath double slash", at("spec.volumes[0].mount_path", "//proc"), "spec.volumes[0].mountPath", INV),
     (
-        "mountPath not normalised",
-        at("spec.volumes[0].mount_path", "/a/../etc"),
+        "mountPath /nodus/outputs",
+        vol(at("spec.volumes[0].mount_path", "/nodus/outputs")),
+        "spec.volumes[0].mountPath",
+        FORB,
+    ),
+    ("mountPath relative", vol(at("spec.volumes[0].mount_path", "cache")), "spec.volumes[0].mountPath", INV),
+    (
+        "mountPath double slash",
+        vol(at("spec.volumes[0].mount_path", "//proc")),
         "spec.volumes[0].mountPath",
         INV,
     ),
-    ("git path relative ok", at("spec.source.git.path", "src"), None, None),
-    ("git path /etc", at("spec.source.git.path", "/etc"), "spec.source.git.path", FORB),
-    ("git path escapes", at("spec.source.git.path", "../x"), "spec.source.git.path", INV),
+    (
+        "mountPath not normalised",
+        vol(at("spec.volumes[0].mount_path", "/a/../etc")),
+        "spec.volumes[0].mountPath",
+        INV,
+    ),
+    ("source not supported", git(at("spec.source.git.path", "src")), "spec.source", FORB),
+    ("git path /etc", git(at("spec.source.git.path", "/etc")), "spec.source.git.path", FORB),
+    ("git path escapes", git(at("spec.source.git.path", "../x")), "spec.source.git.path", INV),
     ("workingDir /usr/src/app ok", at("spec.working_dir", "/usr/src/app"), None, None),
     ("workingDir relative", at("spec.working_dir", "app"), "spec.workingDir", INV),
     ("url input http", at("spec.inputs[3].url.url", "http://example.com/v"), "spec.inputs[3].url.url", INV),
@@ -407,11 +457,16 @@ PATTERNS = [
         FORB,
     ),
     ("url input sha256 upper", at("spec.inputs[3].url.sha256", "A" * 64), "spec.inputs[3].url.sha256", INV),
-    ("git repo https ok", at("spec.source.git.repo", "https://github.com/acme/llm.git"), None, None),
-    ("git repo http", at("spec.source.git.repo", "http://github.com/acme/llm"), "spec.source.git.repo", INV),
-    ("git repo ssh", at("spec.source.git.repo", "git@github.com:acme/llm"), "spec.source.git.repo", INV),
-    ("git repo missing", at("spec.source.git.repo", None), "spec.source.git.repo", REQ),
-    ("git ref option", at("spec.source.git.ref", "--upload-pack=x"), "spec.source.git.ref", INV),
+    ("git repo https", git(at("spec.source.git.repo", "https://a.io/llm.git")), "spec.source", FORB),
+    (
+        "git repo http",
+        git(at("spec.source.git.repo", "http://github.com/acme/llm")),
+        "spec.source.git.repo",
+        INV,
+    ),
+    ("git repo ssh", git(at("spec.source.git.repo", "git@github.com:acme/llm")), "spec.source.git.repo", INV),
+    ("git repo missing", git(at("spec.source.git.repo", None)), "spec.source.git.repo", REQ),
+    ("git ref option", git(at("spec.source.git.ref", "--upload-pack=x")), "spec.source.git.ref", INV),
     (
         "bucket uri upper bucket",
         at("spec.inputs[2].bucket.uri", "s3://Acme/key"),
@@ -426,10 +481,15 @@ PATTERNS = [
     ),
     ("bucket uri no key", at("spec.inputs[2].bucket.uri", "s3://acme/"), "spec.inputs[2].bucket.uri", INV),
     ("bucket sha256 short", at("spec.inputs[2].bucket.sha256", "abc"), "spec.inputs[2].bucket.sha256", INV),
-    ("blob ok", at("spec.source", Source(blob="sha256:" + "a" * 64)), None, None),
+    ("blob", at("spec.source", Source(blob="sha256:" + "a" * 64)), "spec.source", FORB),
     ("blob short", at("spec.source", Source(blob="sha256:abc")), "spec.source.blob", INV),
     ("blob no prefix", at("spec.source", Source(blob="a" * 64)), "spec.source.blob", INV),
-    ("egress *.suffix ok", at("spec.network.egress.allow", ["*.example.com"]), None, None),
+    (
+        "egress *.suffix: not supported",
+        at("spec.network.egress.allow", ["*.example.com"]),
+        "spec.network.egress.allow",
+        FORB,
+    ),
     (
         "egress star no dot",
         at("spec.network.egress.allow", ["*example.com"]),
@@ -548,9 +608,9 @@ ENUMS = [
     (
         "spec.recovery.checkpoint.integration",
         "spec.recovery.checkpoint.integration",
-        ["Auto", "None", "HFTrainer"],
+        ["Auto", "None"],
     ),
-    ("spec.network.egress.policy", "spec.network.egress.policy", ["AllowList"]),
+    ("spec.network.egress.policy", "spec.network.egress.policy", ["Deny", "Open"]),
     ("spec.outputs[1].from_ranks", "spec.outputs[1].fromRanks", ["Zero", "All"]),
     ("spec.outputs[1].sink.mode", "spec.outputs[1].sink.mode", ["Append", "Replace"]),
 ]
@@ -558,6 +618,18 @@ ENUM_ROWS = [(f"{wire} {v} ok", at(attr, v), None, None) for attr, wire, values 
     (f"{wire} bad", at(attr, "bogus"), wire, NOTSUP) for attr, wire, _ in ENUMS
 ]
 ENUM_ROWS += [
+    (
+        "egress AllowList not supported",
+        at("spec.network.egress.policy", "AllowList"),
+        "spec.network.egress.policy",
+        FORB,
+    ),
+    (
+        "integration HFTrainer not supported",
+        at("spec.recovery.checkpoint.integration", "HFTrainer"),
+        "spec.recovery.checkpoint.integration",
+        FORB,
+    ),
     ("continuity Checkpointed ok", at("spec.recovery.continuity", "Checkpointed"), None, None),
     (
         "continuity Restartable without checkpoint ok",
@@ -620,7 +692,7 @@ ONE_OF = [
         "spec.inputs[0].url",
         FORB,
     ),
-    ("source git and blob", at("spec.source.blob", "sha256:" + "a" * 64), "spec.source.blob", INV),
+    ("source git and blob", git(at("spec.source.blob", "sha256:" + "a" * 64)), "spec.source.blob", INV),
     ("source neither", at("spec.source", Source()), "spec.source", REQ),
     (
         "distributed nodes and totalGPUs",
@@ -678,12 +750,12 @@ CROSS = [
         INV,
     ),
     ("gpusPerNode 3", at("spec.distributed.gpus_per_node", 3), "spec.distributed.gpusPerNode", INV),
-    ("revision with readOnly ok", at("spec.volumes[1].revision", 2), None, None),
-    ("revision without readOnly", at("spec.volumes[0].revision", 2), "spec.volumes[0].revision", FORB),
+    ("revision with readOnly", vol(at("spec.volumes[1].revision", 2)), "spec.volumes", FORB),
+    ("revision without readOnly", vol(at("spec.volumes[0].revision", 2)), "spec.volumes[0].revision", FORB),
     ("inputs dup", at("spec.inputs[1].name", "weights"), "spec.inputs[1].name", DUP),
     ("outputs dup", at("spec.outputs[1].name", "model"), "spec.outputs[1].name", DUP),
     ("env dup", at("spec.env[1].name", "MODE"), "spec.env[1].name", DUP),
-    ("mountPath dup", at("spec.volumes[1].mount_path", "/cache"), "spec.volumes[1].mountPath", DUP),
+    ("mountPath dup", vol(at("spec.volumes[1].mount_path", "/cache")), "spec.volumes[1].mountPath", DUP),
     (
         "secrets dup bare and object",
         at("spec.secrets[1]", SecretMount(name="hf")),
@@ -718,19 +790,34 @@ CROSS = [
     ),
     ("distributed needs gpu", at("spec.resources.gpu", None), "spec.resources.gpu", REQ),
     ("image missing", at("spec.image", None), "spec.image", REQ),
-    ("imageRef instead of image ok", do(at("spec.image", None), at("spec.image_ref", "img-123")), None, None),
+    (
+        "imageRef not supported",
+        do(at("spec.image", None), at("spec.image_ref", "img-123")),
+        "spec.imageRef",
+        FORB,
+    ),
     ("dedicated true ok", at("spec.placement.dedicated", True), None, None),
     ("dedicated false", at("spec.placement.dedicated", False), "spec.placement.dedicated", INV),
     ("completeByTime bad", at("spec.complete_by_time", "tomorrow"), "spec.completeByTime", INV),
     ("expectedDuration bad", at("spec.expected_duration", "6 hours"), "spec.expectedDuration", INV),
-    ("allow with policy Open", at("spec.network.egress.policy", "Open"), "spec.network.egress.allow", FORB),
+    (
+        "allow with policy Open",
+        at("spec.network.egress", Egress(policy="Open", allow=["pypi.org"])),
+        "spec.network.egress.allow",
+        FORB,
+    ),
     (
         "presets with policy Deny",
         at("spec.network.egress", Egress(policy="Deny", presets=["huggingface"])),
         "spec.network.egress.presets",
         FORB,
     ),
-    ("allow without policy ok", at("spec.network", Network(egress=Egress(allow=["pypi.org"]))), None, None),
+    (
+        "allow without policy: AllowList, not supported yet",
+        at("spec.network", Network(egress=Egress(allow=["pypi.org"]))),
+        "spec.network.egress.allow",
+        FORB,
+    ),
     (
         "checkpoint with Ephemeral",
         at("spec.recovery", Recovery(continuity="Ephemeral", checkpoint=CheckpointPolicy(interval="1h"))),
@@ -1026,4 +1113,5 @@ def test_volume_mount_and_git_checkout_are_checked_on_minimal_job() -> None:
     job.spec.volumes = [VolumeMount(volume="v", mount_path="/nodus/state")]
     job.spec.source = Source(git=GitSource(repo="a/b", path="/nodus/inputs/x"))
     fields = {e.field for e in validate_job(job)}
-    assert fields == {"spec.volumes[0].mountPath", "spec.source.git.path"}
+    # Both are refused as not supported yet, and their items are still checked, in the same answer.
+    assert fields == {"spec.volumes", "spec.volumes[0].mountPath", "spec.source", "spec.source.git.path"}

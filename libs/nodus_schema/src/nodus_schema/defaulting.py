@@ -40,7 +40,7 @@ from nodus_schema.jobs import (
     Resources,
     SecretMount,
 )
-from nodus_schema.quantities import format_duration, parse_duration
+from nodus_schema.quantities import MAX_INT32, format_duration, parse_duration
 from nodus_schema.sweeps import Sweep, SweepSpec
 from nodus_schema.validating import BETA_GANG_NODES, MIN_GANG_NODES, gpu_request_errors, is_object_name
 
@@ -99,14 +99,14 @@ def _or(value: T | None, default: T) -> T:
 def _fold_deadline(spec: JobSpec) -> JobSpec:
     """activeDeadlineSeconds is an alias of timeout: fold it in (unless it disagrees with timeout)."""
     ads = spec.active_deadline_seconds
-    if ads is None or ads < 1:
-        return spec
+    if ads is None or not 1 <= ads <= MAX_INT32:
+        return spec  # out of range: kept where the user wrote it, for validation to name
     deadline = timedelta(seconds=ads)
     if spec.timeout is None:
         return replace(spec, timeout=format_duration(deadline), active_deadline_seconds=None)
     try:
         agrees = parse_duration(spec.timeout) == deadline
-    except ValueError:
+    except (ValueError, OverflowError):
         agrees = False
     return replace(spec, active_deadline_seconds=None) if agrees else spec
 

@@ -23,6 +23,7 @@ import msgspec
 
 from nodus_schema.catalog import Offering, startup_estimate
 from nodus_schema.costs import DurationBand, Estimate, StartupEstimate, USDBand
+from nodus_schema.errors import StatusCause
 from nodus_schema.jobs import JobSpec
 from nodus_schema.ledger import charge_micros
 from nodus_schema.meta import format_time
@@ -180,6 +181,10 @@ class EstimateReply(Wire):
 
     estimate: Estimate = msgspec.field(default_factory=Estimate)
     slots: list[SlotPlan] = msgspec.field(default_factory=list)
+    invalid: list[StatusCause] = msgspec.field(default_factory=list)
+    """Set by the scheduler instead of an estimate when the spec names what its catalog does not know (a GPU
+    type, a region class, an offering; ``nodus_schema.naming``): one field error each, which the gateway
+    answers as a 422 Invalid. Never a capacity question: a known name nothing sells is a blocking reason."""
 
 
 class QuoteRequest(Wire):

@@ -1,8 +1,9 @@
 """Builders of valid example objects, for tests across the repository and for the docs.
 
 ``minimal_*`` is what a user writes at the least: every other field takes its default. ``full_*`` sets
-every part of the spec, valid before and after defaulting, so a test can break one field and expect one
-error. Each call returns fresh objects; change them freely.
+every part of the spec Nodus supports, valid before and after defaulting, so a test can break one field and
+expect one error (the fields it refuses as not supported yet, such as volumes and source, are left out).
+Each call returns fresh objects; change them freely.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from nodus_schema.jobs import (
     Egress,
     EnvVar,
     EnvVarSource,
-    GitSource,
     InitCommand,
     Job,
     JobInput,
@@ -29,9 +29,7 @@ from nodus_schema.jobs import (
     SecretKeySelector,
     SecretMount,
     Sidecar,
-    Source,
     URLInput,
-    VolumeMount,
 )
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.sweeps import Sweep, SweepMatrix, SweepSpec, SweepTemplate
@@ -98,33 +96,27 @@ def full_job_spec() -> JobSpec:
         secrets=["hf", SecretMount(name="wandb", version=2)],
         image_pull_secrets=["ghcr"],
         connections=["acme-s3"],
-        source=Source(git=GitSource(repo="acme/llm", ref="main", path="/workspace/src")),
         init_command=InitCommand(command=["pip", "install", "-e", "."], timeout="10m"),
-        sidecars=[Sidecar(name="metrics", image="ghcr.io/acme/metrics:2", startup_timeout="1m")],
+        sidecars=[Sidecar(name="metrics", image="ghcr.io/acme/metrics:2")],
         completions=4,
         parallelism=2,
         backoff_limit=3,
         timeout="12h",
         expected_duration="6h",
-        complete_by_time="2030-01-01T00:00:00Z",
         max_cost_usd="250.00",
         ttl_seconds_after_finished=86_400,
-        scaledown_window="10m",
+        scaledown_window="0s",
         resources=Resources(gpu="H100:8", cpu="32", memory="256Gi", disk="500Gi"),
         distributed=Distributed(nodes=2, launcher="Torchrun", network="Regional", transport="Auto"),
         inputs=_inputs(),
         outputs=[
-            JobOutput(name="model", path="/workspace/model"),
+            JobOutput(name="model", path="/nodus/outputs/model"),
             JobOutput(
                 name="metrics.csv",
-                path="/workspace/metrics.csv",
+                path="/nodus/state/metrics.csv",
                 from_ranks="All",
                 sink=OutputSink(connection="acme-pg", table="public.metrics", mode="Replace"),
             ),
-        ],
-        volumes=[
-            VolumeMount(volume="cache", mount_path="/cache"),
-            VolumeMount(volume="ro", mount_path="/ro", read_only=True, revision=1),
         ],
         placement=Placement(
             interruptible="Allow", profile="Cost", max_rate_usd_per_hour="40", regions=["us", "eu"]
@@ -133,14 +125,10 @@ def full_job_spec() -> JobSpec:
             continuity="Checkpointed",
             max_attempts=5,
             checkpoint=CheckpointPolicy(
-                interval="30m", max_size="500Gi", paths=["/nodus/state", "/workspace/ckpt"]
+                interval="30m", max_size="500Gi", paths=["/nodus/state", "/nodus/outputs/ckpt"]
             ),
         ),
-        network=Network(
-            egress=Egress(
-                policy="AllowList", allow=["pypi.org", "*.huggingface.co"], presets=["python-packages"]
-            )
-        ),
+        network=Network(egress=Egress(policy="Deny")),  # AllowList is refused until enforced (ADR-0018)
     )
 
 

@@ -10,6 +10,14 @@ The rate ceiling annotation (``nodus.dev/rate-ceiling-micros-per-hour``, ADR-031
 create sets it only when bound to a dry-run's estimate by ``If-Match`` (:func:`bind`), an update keeps the
 stored value, and a value a user sends is dropped. So is the trace annotation (``nodus.dev/traceparent``,
 ADR-0032), which the create path sets from the request's span.
+
+The ``nodus.dev/`` labels and a controller ownerReference to a Sweep are the sweep controller's, which
+writes them onto the cells it creates straight into the store: they are refused, not dropped, with a 422 on
+the field (``nodus_schema.owning``). A create may set none; an update may keep the stored values as read.
+
+An update is held to every rule for what it sets, but not for what the stored object already had
+(:func:`_ratcheted`, Kubernetes' validation ratcheting): an object admitted before a rule was tightened can
+still be cancelled or suspended.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from nodus_schema.estimating import (
     rate_ceiling_micros,
 )
 from nodus_schema.meta import ManagedFieldsEntry, now_rfc3339
+from nodus_schema.owning import server_owned_errors
 from nodus_schema.updating import validate_update
 
 # The alphabet Kubernetes uses for generateName suffixes: no vowels (no words), no look-alikes (0/o, 1/l).
@@ -99,7 +108,7 @@ def admit(
     name = _check_body(res, data, namespace)
     decoded = _decode(res, data, name, validation, json_body)
     obj = (res.default_fresh or res.default)(_server_owned(decoded.value, namespace))
-    errors = res.validate(obj)
+    errors = res.validate(obj) + server_owned_errors(obj.metadata)
     if errors:
         raise invalid(res, name, errors)
     return Admitted(obj, _warnings(decoded, validation))
@@ -145,10 +154,25 @@ def admit_update(
     decoded = _decode(res, data, name, validation)
     _check_uid(res, decoded.value, old)
     new = res.default(_kept_from(decoded.value, old))
-    errors = res.validate(new) + update_errors(res, old, new)
+    errors = (
+        _ratcheted(res, old, res.validate(new))
+        + server_owned_errors(new.metadata, old.metadata)
+        + update_errors(res, old, new)
+    )
     if errors:
         raise invalid(res, name, errors)
     return Admitted(_with_generation(new, old, res), _warnings(decoded, validation))
+
+
+def _ratcheted(res: Resource, old: Any, errors: list[FieldError]) -> list[FieldError]:
+    """``errors`` less those the stored object has too, exactly (the same field, reason and message, so the
+    same value): Kubernetes' validation ratcheting. An object admitted before a rule was tightened (a
+    completeByTime, an out-of-range ttlSecondsAfterFinished) can still be suspended, cancelled or have its
+    cap raised; a value an update sets or changes is held to every rule."""
+    if not errors:
+        return errors
+    before = set(res.validate(res.default(old)))
+    return [e for e in errors if e not in before]
 
 
 def check_resource_version(res: Resource, name: str | None, rv: Any) -> None:

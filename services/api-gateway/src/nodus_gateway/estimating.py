@@ -10,6 +10,10 @@ responders" at once (``messaging.request`` raises :class:`~nodus_kit.errors.Unav
 the services did not answer (no responders, or a timeout) a real create does not ask again for
 :data:`UNANSWERED_PAUSE_S`: while they are down, creates neither wait for them nor double the bus traffic,
 and they come back into use within that pause. A dry run always asks (it exists for the estimate).
+
+The scheduler also says when the spec names a GPU type, region class or offering its catalog does not know
+(``EstimateReply.invalid``): that is the spec's mistake, answered as a 422 Invalid on the fields (dry run
+and create alike, billing not asked), never as the 503 of a capacity question.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Final
 from nats.aio.client import Client as NATS
 
 from nodus_gateway.resources import Resource
+from nodus_gateway.responding import ApiError, invalid
 from nodus_kit import errors as kit
 from nodus_kit import messaging
 from nodus_schema.costs import Estimate
@@ -33,6 +38,7 @@ from nodus_schema.estimating import (
     EstimateRequest,
     QuoteRequest,
 )
+from nodus_schema.fielding import CauseType, FieldError
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +67,36 @@ async def ask(nc: NATS, res: Resource, obj: Any, *, timeout: float | None = None
     """The priced estimate of ``obj``: the scheduler's, then billing's, each within ``timeout`` (default
     :data:`ESTIMATE_TIMEOUT_S`). Raises the kit's errors: :class:`~nodus_kit.errors.Unavailable` (nobody
     serves a subject), :class:`~nodus_kit.errors.Timeout`, :class:`~nodus_kit.errors.Invalid` (a spec the
-    services cannot estimate), or what a service answered."""
+    services cannot estimate), or what a service answered; and the 422 :class:`ApiError` of
+    :func:`unknown_names` for a spec that names what the scheduler's catalog does not know."""
     timeout = ESTIMATE_TIMEOUT_S if timeout is None else timeout
     request = estimate_request(res, obj)
     scheduled = await messaging.request(nc, ESTIMATE_SUBJECT, request, EstimateReply, timeout=timeout)
+    if scheduled.invalid:
+        resume(nc)  # the scheduler answers: creates ask again at once
+        raise unknown_names(res, obj, scheduled)
     quote = QuoteRequest(request=request, scheduled=scheduled)
     priced = await messaging.request(nc, QUOTE_SUBJECT, quote, EstimateReply, timeout=timeout)
     resume(nc)  # they answer: creates ask again at once
     return priced.estimate
+
+
+def unknown_names(res: Resource, obj: Any, scheduled: EstimateReply) -> ApiError:
+    """The 422 for the names the scheduler's catalog does not know (``EstimateReply.invalid``): a GPU type,
+    a region class or an offering, each a cause on its field with the closest known names. A mistake in the
+    spec, so never the 503 of capacity a client would retry (``nodus_schema.naming``)."""
+    causes = [
+        FieldError(c.field or "", _cause_type(c.reason), c.message or "Unsupported value")
+        for c in scheduled.invalid
+    ]
+    return invalid(res, obj.metadata.name or obj.metadata.generate_name, causes)
+
+
+def _cause_type(reason: str | None) -> CauseType:
+    try:
+        return CauseType(reason) if reason else CauseType.NOT_SUPPORTED
+    except ValueError:
+        return CauseType.INVALID
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +115,8 @@ def _unanswered(err: kit.NodusError) -> bool:
 
 async def estimate_for(nc: NATS, res: Resource, obj: Any) -> Asked:
     """:func:`ask`, with "nobody answered" (Unavailable, Timeout, a service's own failure) as an
-    :class:`Asked` without an estimate, logged. Raises :class:`~nodus_kit.errors.Invalid`."""
+    :class:`Asked` without an estimate, logged. Raises :class:`~nodus_kit.errors.Invalid`, and the 422 of
+    :func:`unknown_names`."""
     if not estimable(res):
         return Asked(None)
     paused = _paused.get(nc)

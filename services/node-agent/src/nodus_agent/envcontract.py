@@ -39,11 +39,20 @@ NO_COMMAND = "a local-process runner needs spec.command; images come with the co
 NO_IMAGE = "the container runtime needs spec.image"
 
 
+NO_EGRESS_DENY = (
+    "network.egress.policy Deny: a local process runs on the host's network, which this node's process "
+    "runtime cannot cut off; run the Job on a node with the docker runtime, or use policy Open"
+)
+
+
 def refusal(msg: StartAttempt, runtime: str = "process") -> str | None:
     """Why this agent's runtime cannot run the attempt at all (reported as Lost: another node's runtime
     could), or None."""
     if runtime == "process" and not msg.command:
         return NO_COMMAND
+    egress = msg.network.egress if msg.network is not None else None
+    if runtime == "process" and egress is not None and egress.policy == "Deny":
+        return NO_EGRESS_DENY
     if runtime == "docker" and not msg.image:
         return NO_IMAGE
     return None

@@ -8,6 +8,11 @@ rate, the run and startup bands, and two different kinds of "no":
   *blocking* reason, CapacityUnavailable, with a fix: no amount of waiting helps;
 * something matches but no node is free now -> a *warning*, Queued: the create is admitted and waits.
 
+And one "no" that is not about capacity: a spec that names a GPU type, a region class or an offering the
+catalog does not know (``NOSUCHGPU``, ``mars``) gets no estimate but field errors (``EstimateReply.invalid``,
+:func:`unknown_names`), which the gateway answers as a 422 Invalid on the field, with the closest known
+names: no wait makes an unknown name placeable, so a 503 would have a client retry for ever.
+
 **Which capacity.** :func:`nodus_scheduler.placing.price_book_candidates` orders the price book as
 :func:`~nodus_scheduler.placing.place` orders nodes (ADR-0014: Prefer first, then the profile, Balanced by
 default; interruptible Allow by expected rate), at the request's price book version (the newest for a new
@@ -42,6 +47,7 @@ from nodus_scheduler.placing import REASONS, Placement, demand_of, place, price_
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.catalog import GPUS_PER_NODE, Catalog, Offering
 from nodus_schema.costs import BlockingReason, DurationBand, Estimate, EstimateWarning, PlacementPreview
+from nodus_schema.errors import StatusCause
 from nodus_schema.estimating import (
     DEFAULT_ASSEMBLY_RETRIES,
     DEFAULT_ASSEMBLY_TIMEOUT,
@@ -58,10 +64,12 @@ from nodus_schema.estimating import (
     valid_until,
 )
 from nodus_schema.expanding import cell_job, expand
+from nodus_schema.fielding import FieldError
 from nodus_schema.gpus import format_gpu, format_topology, has_string_form
 from nodus_schema.jobs import Job, JobSpec, JobStatus
 from nodus_schema.jobs import Placement as PlacementSpec
 from nodus_schema.meta import ObjectMeta
+from nodus_schema.naming import KnownNames, known_names, unknown_job_names, unknown_sweep_names
 from nodus_schema.nodes import Node
 from nodus_schema.quantities import (
     duration_micros,
@@ -737,6 +745,37 @@ def assemble(kind: str, slots: list[SlotEstimate], catalog: Catalog, now: dateti
     return EstimateReply(estimate=estimate, slots=[s.plan for s in slots])
 
 
+# Per catalog object (one per price book version, kept alive by the Estimator): its names, built once.
+_catalog_names: dict[int, tuple[Catalog, KnownNames]] = {}
+
+
+def _names_of(catalog: Catalog) -> KnownNames:
+    held = _catalog_names.get(id(catalog))
+    if held is None or held[0] is not catalog:
+        if len(_catalog_names) > 16:
+            _catalog_names.clear()
+        held = _catalog_names[id(catalog)] = (catalog, known_names(catalog))
+    return held[1]
+
+
+def unknown_names(request: EstimateRequest, catalog: Catalog, nodes: list[Node]) -> list[StatusCause]:
+    """The names of the request's spec that neither the catalog nor a registered node knows (GPU types and
+    families, region classes, offerings), as causes for a 422: the spec's mistake, which no capacity and no
+    wait can fix, unlike a known name nothing sells (a blocking CapacityUnavailable)."""
+
+    def unknown(names: KnownNames) -> list[FieldError]:
+        if request.kind == "Sweep" and request.sweep_spec is not None:
+            return unknown_sweep_names(request.sweep_spec, names)
+        if request.job_spec is not None:
+            return unknown_job_names(request.job_spec, names)
+        return []
+
+    found = unknown(_names_of(catalog))
+    if found and nodes:  # the nodes' region classes and offerings count too (looked at only when needed)
+        found = unknown(known_names(catalog, nodes))
+    return [StatusCause(field=e.field, message=e.message, reason=str(e.reason)) for e in found]
+
+
 def estimate(
     request: EstimateRequest,
     catalog: Catalog,
@@ -746,7 +785,11 @@ def estimate(
     *,
     history: RunHistory | None = None,
 ) -> EstimateReply:
-    """The whole scheduler estimate for a request, pure given the nodes, the busy set and the history."""
+    """The whole scheduler estimate for a request, pure given the nodes, the busy set and the history; or,
+    for a spec that names what the catalog does not know, only those names (``invalid``)."""
+    invalid = unknown_names(request, catalog, nodes)
+    if invalid:
+        return EstimateReply(invalid=invalid)
     book, note = book_for(request, catalog)
     ns = request.namespace
     if request.kind == "Job" and request.job_spec is not None:
@@ -784,8 +827,8 @@ class Estimator:
         busy = {a.spec.node for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
         try:
             return estimate(request, self.catalog, nodes, busy, datetime.now(UTC), history=self.history)
-        except ValueError as e:  # a spec the gateway should have refused: say so, do not crash
-            raise errors.Invalid(str(e)) from None
+        except (ValueError, OverflowError) as e:  # a spec the gateway should have refused: say so
+            raise errors.Invalid(str(e) or type(e).__name__) from None
 
 
 async def serve_estimates(

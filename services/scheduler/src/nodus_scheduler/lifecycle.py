@@ -69,6 +69,7 @@ from nodus_scheduler.ganging import (
     shape_of,
 )
 from nodus_scheduler.placing import HEARTBEAT_GRACE, NoPlacement, Placement, place_in, rate_ceiling_of
+from nodus_scheduler.ranging import within_ranges
 from nodus_schema.attempts import (
     ATTEMPT_TERMINAL,
     GANG_LABEL,
@@ -338,6 +339,9 @@ class Lifecycle:
             return await self._reconcile(key, job, named)
 
     async def _reconcile(self, key: tuple[str, str], job: Job, named: list[Attempt]) -> float | None:
+        # A value stored before admission checked ranges (a ttl of 2^63, a timeout past what a timedelta
+        # holds) would fail every reconcile of the Job for ever: read it within the ranges (ranging.py).
+        job = within_ranges(job)
         uid = job.metadata.uid
         attempts = [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) == uid]
         # Leftovers of an earlier Job of the same name: stop them, never count them.
