@@ -60,8 +60,9 @@ Op = Callable[[int], Awaitable[Any]]
 
 async def run(n: int) -> list[Result]:
     with NatsServer() as server:
-        billing = await connect(server.url, "bench-billing")
-        callers = await connect(server.url, "bench-callers")
+        # The harness credential (every right): this process is billing, its callers and the baseline.
+        billing = await connect(server.url, "bench-billing", nkey_seed=server.harness_seed)
+        callers = await connect(server.url, "bench-callers", nkey_seed=server.harness_seed)
         await declaring.ensure(billing.jetstream())
         books = Books(billing)
         projects = (f"bench-{i}" for i in itertools.count())

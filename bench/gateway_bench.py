@@ -52,6 +52,8 @@ COLLECTION: Final = "/apis/nodus.dev/v1/namespaces/{namespace}/sweeps"
 EXAMPLE: Final = Path(__file__).resolve().parent.parent / "examples" / "sweep.yaml"
 # What the parent hands a server process (argv would do, but env is how the gateway is configured).
 NATS_URL_ENV: Final = "BENCH_NATS_URL"
+NATS_SEED_ENV: Final = "BENCH_NATS_SEED"
+"""The seed file of the gateway's own credential: the bus refuses anonymous clients (ADR-0026)."""
 BODY_FILE_ENV: Final = "BENCH_BARE_BODY_FILE"
 
 
@@ -96,7 +98,7 @@ async def _serve(which: str, port: int) -> None:
         from nodus_gateway.app import build_app
         from nodus_gateway.resources import stores_for
 
-        nc = await connect(os.environ[NATS_URL_ENV], "bench-gateway")
+        nc = await connect(os.environ[NATS_URL_ENV], "bench-gateway", nkey_seed=os.environ[NATS_SEED_ENV])
         app = build_app(stores_for(nc), admin_token=TOKEN, ready=lambda: nc.is_connected)
     elif which == "bare":
         app = _bare_app(Path(os.environ[BODY_FILE_ENV]).read_bytes())  # noqa: ASYNC240 (before serving)
@@ -254,15 +256,21 @@ class _Server:
         stop(self.proc, grace_s=10)
 
 
+def _bus_env(nats_server: NatsServer) -> dict[str, str]:
+    """The gateway server's bus: the URL and the gateway's own credential, as the stack runs it."""
+    assert nats_server.credentials is not None, "the bench's nats-server generates the credentials"
+    return {NATS_URL_ENV: nats_server.url, NATS_SEED_ENV: str(nats_server.credentials.seed("gateway"))}
+
+
 async def run(n: int) -> list[Result]:
     template: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     with NatsServer() as nats_server, tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        nc = await connect(nats_server.url, "bench")
+        nc = await connect(nats_server.url, "bench", nkey_seed=nats_server.harness_seed)
         await declaring.ensure(nc.jetstream())  # the buckets, as the stack's declare step makes them
         await nc.close()
         assert nats_server.proc is not None
-        gateway = _Server("gateway", tmp, {NATS_URL_ENV: nats_server.url})
+        gateway = _Server("gateway", tmp, _bus_env(nats_server))
         bare: _Server | None = None
         try:
             # The bare route answers with exactly what the gateway answers for this Sweep.
@@ -313,11 +321,11 @@ async def _without_per_write_fsync(n: int, template: dict[str, Any]) -> Run:
         NatsServer(sync_always=False) as nats_server,
         tempfile.TemporaryDirectory(prefix="nodus-bench-") as d,
     ):
-        nc = await connect(nats_server.url, "bench")
+        nc = await connect(nats_server.url, "bench", nkey_seed=nats_server.harness_seed)
         await declaring.ensure(nc.jetstream())
         await nc.close()
         assert nats_server.proc is not None
-        gateway = _Server("gateway", Path(d), {NATS_URL_ENV: nats_server.url})
+        gateway = _Server("gateway", Path(d), _bus_env(nats_server))
         try:
             runs = [
                 await _measure(

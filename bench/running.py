@@ -9,6 +9,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nodus_testing.natsserver import NatsServer
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,13 @@ def spawn(
             stdin=subprocess.DEVNULL,
             cwd=ROOT,
         )
+
+
+def credential(server: NatsServer, user: str) -> dict[str, str]:
+    """The environment that gives a service process ``user``'s own credential on the bench's server
+    (``gateway``, ``scheduler``, ``fleet``, ...): the bus refuses anonymous clients (ADR-0026)."""
+    assert server.credentials is not None, "the bench's nats-server generates the credentials"
+    return {"NODUS_NATS_NKEY_SEED": str(server.credentials.seed(user))}
 
 
 def cpu_seconds(pid: int | None) -> float:

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from bench.running import Result, cpu_seconds, spawn
+from bench.running import Result, cpu_seconds, credential, spawn
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.storing import ObjectStore
@@ -95,7 +95,7 @@ async def run(n: int) -> list[Result]:
     del n  # the sizes are the issue's, not the command line's
     with NatsServer() as server, tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        nc = await connect(server.url, "bench")
+        nc = await connect(server.url, "bench", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         env = {"NODUS_NATS_URL": server.url, "NODUS_LOG_LEVEL": "WARNING", "NODUS_REPLICA": "bench"}
         fleet = spawn(
@@ -113,11 +113,15 @@ async def run(n: int) -> list[Result]:
                 "--workdir",
                 str(tmp / "fleet"),
             ],
-            env,
+            {**env, **credential(server, "fleet")},
             tmp / "fleet.log",
         )
         # Placement speed without billing's holds (the billing bench measures those).
-        scheduler = spawn(["-m", "nodus_scheduler"], {**env, "NODUS_FUNDING": "off"}, tmp / "scheduler.log")
+        scheduler = spawn(
+            ["-m", "nodus_scheduler"],
+            {**env, **credential(server, "scheduler"), "NODUS_FUNDING": "off"},
+            tmp / "scheduler.log",
+        )
         try:
             nodes = ObjectStore(nc, "nodes", Node)
             deadline = time.monotonic() + 60

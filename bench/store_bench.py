@@ -33,7 +33,7 @@ def _job(ns: str, i: int) -> Job:
 
 async def run(n: int) -> list[Result]:
     with NatsServer() as server:
-        nc = await connect(server.url, "bench")
+        nc = await connect(server.url, "bench", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         store = ObjectStore(nc, "jobs", Job)
         kv = await nc.jetstream().key_value("jobs")

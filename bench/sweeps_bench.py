@@ -43,7 +43,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bench.running import Result, cpu_seconds, spawn
+from bench.running import Result, cpu_seconds, credential, spawn
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.leasing import Lease
@@ -239,7 +239,7 @@ async def run(n: int) -> list[Result]:
     """``n`` is the number of raw writes per baseline (the Sweep's size is the issue's: 1,000 cells)."""
     with NatsServer() as server, tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
-        nc = await connect(server.url, "bench")
+        nc = await connect(server.url, "bench", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         env = {"NODUS_NATS_URL": server.url, "NODUS_LOG_LEVEL": "WARNING", "NODUS_REPLICA": "bench"}
         fleet_args = ["--fleet", "s", "--nodes", str(NODES), "--offerings", "l4-x1-us", "--progress-s", "0"]
@@ -248,16 +248,21 @@ async def run(n: int) -> list[Result]:
             # annotations.
             "fleet": spawn(
                 ["-m", "nodus_agent.simulating", *fleet_args, "--workdir", str(tmp / "fleet")],
-                env,
+                {**env, **credential(server, "fleet")},
                 tmp / "fleet.log",
             ),
             "scheduler": spawn(
                 ["-m", "nodus_scheduler"],
-                {**env, "NODUS_FUNDING": "off"},
+                {**env, **credential(server, "scheduler"), "NODUS_FUNDING": "off"},
                 tmp / "scheduler.log",
                 profiled=True,
             ),
-            "sweeps": spawn(["-m", "nodus_sweeps"], env, tmp / "sweeps.log", profiled=True),
+            "sweeps": spawn(
+                ["-m", "nodus_sweeps"],
+                {**env, **credential(server, "sweeps")},
+                tmp / "sweeps.log",
+                profiled=True,
+            ),
         }
         try:
             await _ready(nc, tmp)

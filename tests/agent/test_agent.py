@@ -124,7 +124,7 @@ class Agent:
         await self.subscription.unsubscribe()
 
 
-async def start_agent(nats_url: str, nc: NATS, node: str, workdir: Path, **env: str) -> Agent:
+async def start_agent(nats_url: str, seed: Path, nc: NATS, node: str, workdir: Path, **env: str) -> Agent:
     # The gateway's Node authorizer must answer: tests that start agents ask for the node_access fixture.
     reports = Reports()
     sub = await nc.jetstream().subscribe(
@@ -136,6 +136,7 @@ async def start_agent(nats_url: str, nc: NATS, node: str, workdir: Path, **env: 
     settings = Settings(
         service="nodus-agent",
         nats_url=nats_url,
+        nats_nkey_seed=str(seed),
         env={
             "NODUS_AGENT_NODE": node,
             "NODUS_AGENT_WORKDIR": str(workdir),
@@ -158,8 +159,10 @@ async def start_agent(nats_url: str, nc: NATS, node: str, workdir: Path, **env: 
 
 
 @pytest_asyncio.fixture
-async def agent(nats_url: str, nc: NATS, unique: str, tmp_path: Path) -> AsyncIterator[Agent]:
-    running = await start_agent(nats_url, nc, unique, tmp_path / "agent")
+async def agent(
+    nats_url: str, nats_seed: Path, nc: NATS, unique: str, tmp_path: Path
+) -> AsyncIterator[Agent]:
+    running = await start_agent(nats_url, nats_seed, nc, unique, tmp_path / "agent")
     try:
         yield running
     finally:
@@ -184,10 +187,11 @@ WAIT_FOR_GO = """
 
 # -- registration -----------------------------------------------------------------------------------------
 async def test_node_registers_with_fake_gpus_heartbeats_and_goes_not_ready(
-    nats_url: str, nc: NATS, unique: str, tmp_path: Path
+    nats_url: str, nats_seed: Path, nc: NATS, unique: str, tmp_path: Path
 ) -> None:
     running = await start_agent(
-        nats_url, nc, unique, tmp_path, NODUS_AGENT_GPUS="2", NODUS_AGENT_OFFERING="h100-sxm-80g-x2-us",
+        nats_url, nats_seed, nc, unique, tmp_path,
+        NODUS_AGENT_GPUS="2", NODUS_AGENT_OFFERING="h100-sxm-80g-x2-us",
         NODUS_AGENT_REGION="us", NODUS_AGENT_POOL="blue", NODUS_AGENT_INTERRUPTIBLE="true",
     )  # fmt: skip
     store = ObjectStore(nc, "nodes", Node)
@@ -426,7 +430,7 @@ async def test_stop_before_start_leaves_a_record_that_wins(agent: Agent, unique:
 
 
 async def test_restarted_agent_settles_what_the_old_one_left_running(
-    nats_url: str, nc: NATS, unique: str, tmp_path: Path
+    nats_url: str, nats_seed: Path, nc: NATS, unique: str, tmp_path: Path
 ) -> None:
     workdir = tmp_path / "agent"
     # What an agent killed mid-run leaves: records of programs, one gone since, one still running.
@@ -439,7 +443,7 @@ async def test_restarted_agent_settles_what_the_old_one_left_running(
     ticks = processes.start_ticks(alive.pid)
     AttemptDir(workdir, NAMESPACE, orphan).save(Record(phase=RUNNING, pid=alive.pid, pid_start_ticks=ticks))
 
-    running = await start_agent(nats_url, nc, unique, workdir)
+    running = await start_agent(nats_url, nats_seed, nc, unique, workdir)
     try:
         lost = [await running.reports.wait_finished(a) for a in (vanished, orphan)]
     finally:

@@ -201,12 +201,12 @@ async def test_a_crash_between_publish_and_cursor_resends_the_same_batch(
 
 
 async def test_a_batch_the_bus_did_not_take_is_pending_and_sent_later(
-    nats_url: str, nc: NATS, unique: str, tmp_path: Path
+    nats_url: str, nats_seed: Path, nc: NATS, unique: str, tmp_path: Path
 ) -> None:
     log = tmp_path / "log.txt"
     src = source(unique)
     write(log, "".join(f"line {i}\n" for i in range(20)))
-    gone = await connect(nats_url, "logshipping-test")
+    gone = await connect(nats_url, "logshipping-test", nkey_seed=nats_seed)
     await gone.close()  # the bus is away
     shipper = LogShipper(gone, src, log)
     with pytest.raises(nats.errors.Error):

@@ -144,10 +144,10 @@ def pending_has(box: Outbox, kind: type[Report], attempt: str, detail: str = "")
 async def test_a_30s_nats_outage_during_a_run_loses_no_report(tmp_path: Path, unique: str) -> None:
     """The server is down for 30 s while attempts start, report throughput and finish: every report
     made during the outage is delivered after it, in the order made (progress coalesced to the latest)."""
-    server = NatsServer(tmp_path / "nats", tie_to_parent=True)
     (tmp_path / "nats").mkdir()
+    server = NatsServer(tmp_path / "nats", tie_to_parent=True)
     await asyncio.to_thread(server.start)
-    nc = await connect(server.url, "outbox-outage-test")
+    nc = await connect(server.url, "outbox-outage-test", nkey_seed=server.harness_seed)
     box: Outbox | None = None
     runner: Runner | None = None
     try:

@@ -361,10 +361,11 @@ async def test_a_job_of_40_indexes_runs_to_exact_counts_on_simulated_nodes(
     from nodus_scheduler.service import SchedulerService  # the real one, in this process
 
     with NatsServer() as server:  # the scheduler takes every Job and Node in sight: a server of its own
-        nc = await connect(server.url, "test")
+        nc = await connect(server.url, "test", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         env = {
             "NODUS_NATS_URL": server.url,
+            "NODUS_NATS_NKEY_SEED": str(server.harness_seed),
             "NODUS_REPLICA": unique,
             "NODUS_RESYNC_S": "2",
             "NODUS_FUNDING": "off",  # no billing here

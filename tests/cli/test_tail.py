@@ -312,7 +312,8 @@ class Running:
         return code
 
 
-async def _tail(nats_url: str, *args: str) -> Running:
+async def _tail(nats_url: str, *args: str, seed: Path | None = None) -> Running:
+    credential = ["--nkey-seed", str(seed)] if seed is not None else []
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -321,6 +322,7 @@ async def _tail(nats_url: str, *args: str) -> Running:
         *args,
         "--server",
         nats_url,
+        *credential,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         cwd=ROOT,
@@ -340,19 +342,19 @@ async def tails() -> AsyncIterator[list[Running]]:
 
 @pytest.mark.slow
 async def test_tail_decodes_each_kind_of_message_live(
-    nc: NATS, nats_url: str, unique: str, tails: list[Running]
+    nc: NATS, nats_url: str, nats_seed: Path, unique: str, tails: list[Running]
 ) -> None:
     js = nc.jetstream()
     await declaring.ensure(js)
     node, ns, job, attempt = f"n{unique}", "default", f"j{unique}", f"a{unique}"
     # Streams: from the start of a filter only this test publishes on, so no race with the subscription.
-    reports = await _tail(nats_url, f"nodus.report.{node}.>", "--all", "-o", "json")
-    logs = await _tail(nats_url, f"nodus.logs.*.{ns}.{job}.*", "--all")
-    events = await _tail(nats_url, f"nodus.events.{ns}.jobs.{job}", "--since", "1h")
-    dead = await _tail(nats_url, f"nodus.dead.NODUS_REPORTS.c{unique}", "--all")
-    nodes = await _tail(nats_url, f"$KV.nodes._.{node}", "--all")
+    reports = await _tail(nats_url, f"nodus.report.{node}.>", "--all", "-o", "json", seed=nats_seed)
+    logs = await _tail(nats_url, f"nodus.logs.*.{ns}.{job}.*", "--all", seed=nats_seed)
+    events = await _tail(nats_url, f"nodus.events.{ns}.jobs.{job}", "--since", "1h", seed=nats_seed)
+    dead = await _tail(nats_url, f"nodus.dead.NODUS_REPORTS.c{unique}", "--all", seed=nats_seed)
+    nodes = await _tail(nats_url, f"$KV.nodes._.{node}", "--all", seed=nats_seed)
     # Core subjects (requests, the assignments work queue, anything): live, once subscribed.
-    everything = await _tail(nats_url, ">")
+    everything = await _tail(nats_url, ">", seed=nats_seed)
     tails.extend([reports, logs, events, dead, nodes, everything])
     await asyncio.gather(*(t.following() for t in tails))
 

@@ -7,20 +7,26 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
+from nats.aio.client import Client as NATS
 
 from nodus_testing.processes import free_port
 from nodus_testing.waiting import eventually
 
 
 @pytest.mark.slow
-async def test_gateway_process_serves_the_api_and_stops_on_sigterm(nats_url: str, unique: str) -> None:
+async def test_gateway_process_serves_the_api_and_stops_on_sigterm(
+    nats_url: str, nats_seed: Path, nc: NATS, unique: str
+) -> None:
+    # nc: the session's connection declared the streams, which a service with a credential only awaits.
     api_port, health_port = free_port(), free_port()
     env = {
         **os.environ,
         "NODUS_NATS_URL": nats_url,
+        "NODUS_NATS_NKEY_SEED": str(nats_seed),
         "NODUS_ADMIN_TOKEN": "process-token",
         "NODUS_GATEWAY_PORT": str(api_port),
         "NODUS_HEALTH_PORT": str(health_port),
@@ -68,9 +74,10 @@ async def test_gateway_process_serves_the_api_and_stops_on_sigterm(nats_url: str
     assert "POST /apis/nodus.dev/v1/namespaces" in stderr  # the access log, one line per request
 
 
-def test_gateway_refuses_to_start_without_an_admin_token(nats_url: str) -> None:
+def test_gateway_refuses_to_start_without_an_admin_token(nats_url: str, nats_seed: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NODUS_ADMIN_TOKEN"}
     env["NODUS_NATS_URL"] = nats_url
+    env["NODUS_NATS_NKEY_SEED"] = str(nats_seed)
     done = subprocess.run(
         [sys.executable, "-m", "nodus_gateway"], env=env, capture_output=True, text=True, timeout=30
     )

@@ -41,9 +41,12 @@ def test_tls_settings_are_both_or_neither(tls: certs.Certs) -> None:
 
 
 @pytest.mark.parametrize("half", ["NODUS_GATEWAY_TLS_CERT", "NODUS_GATEWAY_TLS_KEY"])
-def test_the_process_refuses_half_a_tls_setting(nats_url: str, tls: certs.Certs, half: str) -> None:
+def test_the_process_refuses_half_a_tls_setting(
+    nats_url: str, nats_seed: Path, tls: certs.Certs, half: str
+) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NODUS_GATEWAY_TLS_")}
-    env |= {"NODUS_NATS_URL": nats_url, "NODUS_ADMIN_TOKEN": TOKEN, half: str(tls.cert)}
+    env |= {"NODUS_NATS_URL": nats_url, "NODUS_NATS_NKEY_SEED": str(nats_seed)}
+    env |= {"NODUS_ADMIN_TOKEN": TOKEN, half: str(tls.cert)}
     done = subprocess.run(
         [sys.executable, "-m", "nodus_gateway"], env=env, capture_output=True, text=True, timeout=30
     )
@@ -53,11 +56,12 @@ def test_the_process_refuses_half_a_tls_setting(nats_url: str, tls: certs.Certs,
 
 
 def test_the_process_refuses_a_key_that_does_not_load(
-    nats_url: str, tls: certs.Certs, tmp_path: Path
+    nats_url: str, nats_seed: Path, tls: certs.Certs, tmp_path: Path
 ) -> None:
     junk = tmp_path / "junk.pem"
     junk.write_text("not a key\n")
-    env = {**os.environ, "NODUS_NATS_URL": nats_url, "NODUS_ADMIN_TOKEN": TOKEN}
+    env = {**os.environ, "NODUS_NATS_URL": nats_url, "NODUS_NATS_NKEY_SEED": str(nats_seed)}
+    env |= {"NODUS_ADMIN_TOKEN": TOKEN}
     env |= {"NODUS_GATEWAY_TLS_CERT": str(tls.cert), "NODUS_GATEWAY_TLS_KEY": str(junk)}
     done = subprocess.run(
         [sys.executable, "-m", "nodus_gateway"], env=env, capture_output=True, text=True, timeout=30

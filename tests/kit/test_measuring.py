@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,9 +109,10 @@ class Probe(Service):
 
 
 @pytest_asyncio.fixture
-async def probe(nats_url: str, unique: str) -> AsyncIterator[Probe]:
+async def probe(nats_url: str, nats_seed: Path, nc: NATS, unique: str) -> AsyncIterator[Probe]:
+    # nc: with a credential a service declares nothing itself; the session's connection declared.
     threshold = gc.get_threshold()
-    service = Probe(Settings(service="nodus-probe", nats_url=nats_url), unique)
+    service = Probe(Settings(service="nodus-probe", nats_url=nats_url, nats_nkey_seed=str(nats_seed)), unique)
     task = asyncio.create_task(service.run())
     await eventually(lambda: service.health is not None and service.health.port, deadline_s=10)
     yield service

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client as NATS
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -53,12 +54,14 @@ async def _http_get(port: int, path: str) -> tuple[int, dict[str, object]]:
     "module", ["nodus_gateway", "nodus_sweeps", "nodus_scheduler", "nodus_billing", "nodus_agent"]
 )
 async def test_each_service_starts_reports_ready_and_stops_on_sigterm(
-    nats_url: str, module: str, tmp_path: Path
+    nats_url: str, nats_seed: Path, nc: NATS, module: str, tmp_path: Path
 ) -> None:
+    # nc: the session's connection declared the streams, which a service with a credential only awaits.
     port = free_port()
     env = {
         **os.environ,
         "NODUS_NATS_URL": nats_url,
+        "NODUS_NATS_NKEY_SEED": str(nats_seed),
         "NODUS_HEALTH_PORT": str(port),
         "NODUS_ADMIN_TOKEN": "test-token",
         "NODUS_GATEWAY_PORT": str(free_port()),

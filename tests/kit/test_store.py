@@ -179,7 +179,7 @@ async def test_watch_from_list_revision_misses_nothing(jobs: ObjectStore[Job], u
 @pytest_asyncio.fixture
 async def own_server() -> AsyncIterator[tuple[NatsServer, NATS]]:
     server = NatsServer().start()
-    conn = await connect(server.url, "tests-own")
+    conn = await connect(server.url, "tests-own", nkey_seed=server.harness_seed)
     await declaring.ensure(conn.jetstream())
     yield server, conn
     await conn.close()

@@ -247,6 +247,7 @@ class Rig:
             "nodus-scheduler",
             {
                 "NODUS_NATS_URL": self.server.url,
+                "NODUS_NATS_NKEY_SEED": str(self.server.harness_seed),
                 "NODUS_REPLICA": "test",
                 "NODUS_RESYNC_S": "2",
                 # Billing is part of the rig only when asked for (test_funding.py): else no holds.
@@ -263,7 +264,13 @@ class Rig:
         """The real billing service in this process; ``env`` sets its terms (``NODUS_METER_TICK_S``, ...)."""
         settings = Settings.from_env(
             "nodus-billing",
-            {"NODUS_NATS_URL": self.server.url, "NODUS_REPLICA": "test", "NODUS_RESYNC_S": "1", **env},
+            {
+                "NODUS_NATS_URL": self.server.url,
+                "NODUS_NATS_NKEY_SEED": str(self.server.harness_seed),
+                "NODUS_REPLICA": "test",
+                "NODUS_RESYNC_S": "1",
+                **env,
+            },
         )
         svc = BillingService(settings)
         svc.nc = self.nc
@@ -310,7 +317,7 @@ async def _rig(
 ) -> AsyncIterator[Rig]:
     """A fresh nats-server (cluster-scoped Nodes must not leak between tests), a fleet, a scheduler."""
     with NatsServer() as server:
-        nc = await connect(server.url, "rig")
+        nc = await connect(server.url, "rig", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         fleet = Fleet(nc, script)
         await fleet.add_nodes(nodes)

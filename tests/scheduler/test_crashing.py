@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,10 +22,11 @@ INDEXES = 1000
 KILLS = 10
 
 
-def _scheduler(url: str, log: Any) -> subprocess.Popen[bytes]:
+def _scheduler(url: str, seed: Path | None, log: Any) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "NODUS_NATS_URL": url,
+        "NODUS_NATS_NKEY_SEED": str(seed),
         # The same replica name each time: the new process takes its own (dead) lease at once.
         "NODUS_REPLICA": "crashing",
         "NODUS_LOG_LEVEL": "WARNING",
@@ -48,7 +50,7 @@ async def test_killing_the_scheduler_ten_times_loses_no_index_and_runs_none_twic
     async with make_rig(short_run, nodes=100, scheduler=False) as rig:
         await rig.submit("big", completions=INDEXES, parallelism=100)
         log = (tmp_path / "scheduler.log").open("ab")
-        proc = _scheduler(rig.server.url, log)
+        proc = _scheduler(rig.server.url, rig.server.harness_seed, log)
         try:
             for kill in range(KILLS):
                 # Let it make some progress, then kill it where it stands (no graceful shutdown).
@@ -60,7 +62,7 @@ async def test_killing_the_scheduler_ten_times_loses_no_index_and_runs_none_twic
                 )
                 proc.kill()
                 proc.wait(timeout=10)
-                proc = _scheduler(rig.server.url, log)
+                proc = _scheduler(rig.server.url, rig.server.harness_seed, log)
             job = await eventually(
                 lambda: _finished(rig), deadline_s=180, message="the Job never finished after the kills"
             )

@@ -245,10 +245,11 @@ COMPLETIONS = 200
 KILLS = 20
 
 
-def _billing(url: str, log: Any) -> subprocess.Popen[bytes]:
+def _billing(url: str, seed: Path | None, log: Any) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "NODUS_NATS_URL": url,
+        "NODUS_NATS_NKEY_SEED": str(seed),
         "NODUS_REPLICA": "crashing",  # the same name: a new process takes its own (dead) lease at once
         "NODUS_LOG_LEVEL": "WARNING",
         "NODUS_RESYNC_S": "1",
@@ -272,7 +273,7 @@ async def test_killing_billing_twenty_times_during_200_completions_charges_every
 
     async with make_rig(short_run, nodes=8, funding=True) as rig:
         log = (tmp_path / "billing.log").open("ab")
-        proc = _billing(rig.server.url, log)
+        proc = _billing(rig.server.url, rig.server.harness_seed, log)
         await rig.submit("paid", completions=COMPLETIONS, parallelism=8)
         try:
             for kill in range(KILLS):
@@ -287,7 +288,7 @@ async def test_killing_billing_twenty_times_during_200_completions_charges_every
                 )
                 proc.kill()
                 proc.wait(timeout=10)
-                proc = _billing(rig.server.url, log)
+                proc = _billing(rig.server.url, rig.server.harness_seed, log)
 
             async def final() -> Job:
                 job = await rig.job("paid")

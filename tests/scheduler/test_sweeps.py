@@ -35,7 +35,13 @@ def forever(_: StartAttempt) -> tuple[float | None, int]:
 @contextlib.asynccontextmanager
 async def sweeps_service(rig: Any) -> AsyncIterator[SweepsService]:
     settings = Settings.from_env(
-        "nodus-sweeps", {"NODUS_NATS_URL": rig.server.url, "NODUS_REPLICA": "test", "NODUS_RESYNC_S": "1"}
+        "nodus-sweeps",
+        {
+            "NODUS_NATS_URL": rig.server.url,
+            "NODUS_NATS_NKEY_SEED": str(rig.server.harness_seed),
+            "NODUS_REPLICA": "test",
+            "NODUS_RESYNC_S": "1",
+        },
     )
     svc = SweepsService(settings)
     svc.nc = rig.nc

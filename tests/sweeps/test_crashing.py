@@ -64,10 +64,11 @@ NODES = 24
 KILLS = 10
 
 
-def _controller(url: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
+def _controller(url: str, seed: Path | None, log: IO[bytes]) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "NODUS_NATS_URL": url,
+        "NODUS_NATS_NKEY_SEED": str(seed),
         # The same replica name each time: the new process takes its own (dead) lease at once.
         "NODUS_REPLICA": "crashing",
         "NODUS_LOG_LEVEL": "WARNING",
@@ -159,7 +160,7 @@ async def test_killing_the_sweep_controller_ten_times_creates_every_cell_once_an
 ) -> None:
     rng = random.Random(11)
     with NatsServer() as server:
-        nc = await connect(server.url, "crash")
+        nc = await connect(server.url, "crash", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         jobs = ObjectStore(nc, "jobs", Job)
         creations = Creations()
@@ -187,7 +188,7 @@ async def test_killing_the_sweep_controller_ten_times_creates_every_cell_once_an
                 _in_process(SchedulerService, nc, {"NODUS_RESYNC_S": "2", "NODUS_FUNDING": "on"}),
             ):
                 sweep = await _create_sweep(nc)
-                proc = _controller(server.url, log)
+                proc = _controller(server.url, server.harness_seed, log)
                 # Kill points spread over the whole Sweep: the first lands in the first burst of creates.
                 points = [k * (CELLS - MAX_PARALLEL) // KILLS + rng.randint(1, 12) for k in range(KILLS)]
                 for kill, point in enumerate(points):
@@ -198,7 +199,7 @@ async def test_killing_the_sweep_controller_ten_times_creates_every_cell_once_an
                     )
                     proc.kill()  # SIGKILL: no graceful shutdown, no lease released, work cut where it stands
                     proc.wait(timeout=10)
-                    proc = _controller(server.url, log)
+                    proc = _controller(server.url, server.harness_seed, log)
                 final = await eventually(
                     lambda: _exact(nc, sweep),
                     deadline_s=180,

@@ -14,6 +14,7 @@ import shutil
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -46,8 +47,9 @@ START_S = 20.0
 class Gateway:
     """A gateway served from a thread with its own loop; :meth:`run` runs a coroutine there."""
 
-    def __init__(self, nats_url: str) -> None:
+    def __init__(self, nats_url: str, nats_seed: Path) -> None:
         self.nats_url = nats_url
+        self.nats_seed = nats_seed
         self.url = ""
         self.nc: NATS | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -76,7 +78,7 @@ class Gateway:
         try:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            self.nc = await connect(self.nats_url, "web-tests")
+            self.nc = await connect(self.nats_url, "web-tests", nkey_seed=self.nats_seed)
             await declaring.ensure(self.nc.jetstream())
             server = ApiServer(build_app(stores_for(self.nc), admin_token=TOKEN), "127.0.0.1", 0)
             await server.start()
@@ -91,8 +93,8 @@ class Gateway:
 
 
 @pytest.fixture(scope="session")
-def gateway(nats_url: str) -> Iterator[Gateway]:
-    gw = Gateway(nats_url)
+def gateway(nats_url: str, nats_seed: Path) -> Iterator[Gateway]:
+    gw = Gateway(nats_url, nats_seed)
     gw.start()
     yield gw
     gw.stop()
