@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from bench import (
     store_bench,
     sweeps_bench,
 )
-from bench.running import Result, render
+from bench.running import AUTH_ENV, Result, render
 
 BENCHMARKS = {
     "store": store_bench.run,
@@ -37,7 +38,15 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help=f"some of: {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("-n", type=int, default=2000, help="operations per measurement")
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="a bus without authentication, to measure what it costs (implies --no-write)",
+    )
     args = parser.parse_args()
+    if args.no_auth:
+        os.environ[AUTH_ENV] = "off"
+        args.no_write = True
     for name in args.names or list(BENCHMARKS):
         if name not in BENCHMARKS:
             parser.error(f"no benchmark {name!r}: choose from {', '.join(BENCHMARKS)}")

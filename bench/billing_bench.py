@@ -28,7 +28,7 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from bench.running import Result
+from bench.running import Result, bus_auth
 from nodus_billing.books import BUCKET, Books
 from nodus_billing.holding import Grant, PlaceHold, PutJob
 from nodus_billing.metering import Metering, Terms
@@ -59,7 +59,7 @@ Op = Callable[[int], Awaitable[Any]]
 
 
 async def run(n: int) -> list[Result]:
-    with NatsServer() as server:
+    with NatsServer(auth=bus_auth()) as server:
         # The harness credential (every right): this process is billing, its callers and the baseline.
         billing = await connect(server.url, "bench-billing", nkey_seed=server.harness_seed)
         callers = await connect(server.url, "bench-callers", nkey_seed=server.harness_seed)

@@ -35,7 +35,7 @@ import yaml
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from bench.running import Result, cpu_seconds
+from bench.running import Result, bus_auth, cpu_seconds
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.servicing import tune_gc
@@ -98,7 +98,7 @@ async def _serve(which: str, port: int) -> None:
         from nodus_gateway.app import build_app
         from nodus_gateway.resources import stores_for
 
-        nc = await connect(os.environ[NATS_URL_ENV], "bench-gateway", nkey_seed=os.environ[NATS_SEED_ENV])
+        nc = await connect(os.environ[NATS_URL_ENV], "bench-gateway", nkey_seed=os.environ.get(NATS_SEED_ENV))
         app = build_app(stores_for(nc), admin_token=TOKEN, ready=lambda: nc.is_connected)
     elif which == "bare":
         app = _bare_app(Path(os.environ[BODY_FILE_ENV]).read_bytes())  # noqa: ASYNC240 (before serving)
@@ -258,13 +258,17 @@ class _Server:
 
 def _bus_env(nats_server: NatsServer) -> dict[str, str]:
     """The gateway server's bus: the URL and the gateway's own credential, as the stack runs it."""
-    assert nats_server.credentials is not None, "the bench's nats-server generates the credentials"
+    if nats_server.credentials is None:  # --no-auth: the comparison run
+        return {NATS_URL_ENV: nats_server.url}
     return {NATS_URL_ENV: nats_server.url, NATS_SEED_ENV: str(nats_server.credentials.seed("gateway"))}
 
 
 async def run(n: int) -> list[Result]:
     template: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    with NatsServer() as nats_server, tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir:
+    with (
+        NatsServer(auth=bus_auth()) as nats_server,
+        tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir,
+    ):
         tmp = Path(tmp_dir)
         nc = await connect(nats_server.url, "bench", nkey_seed=nats_server.harness_seed)
         await declaring.ensure(nc.jetstream())  # the buckets, as the stack's declare step makes them
@@ -318,7 +322,7 @@ async def _without_per_write_fsync(n: int, template: dict[str, Any]) -> Run:
     """The gateway once more, against a nats-server that leaves fsync to its default cadence (not what
     the stack runs: it shows how much of the gap to the bare route is the disk's, not the gateway's)."""
     with (
-        NatsServer(sync_always=False) as nats_server,
+        NatsServer(sync_always=False, auth=bus_auth()) as nats_server,
         tempfile.TemporaryDirectory(prefix="nodus-bench-") as d,
     ):
         nc = await connect(nats_server.url, "bench", nkey_seed=nats_server.harness_seed)

@@ -85,10 +85,20 @@ def spawn(
         )
 
 
+AUTH_ENV = "NODUS_BENCH_AUTH"
+"""``off`` runs a benchmark's bus without authentication (``python -m bench --no-auth``): only to
+measure what authentication costs against the same run with it (docs/benchmarks.md); never the default."""
+
+
+def bus_auth() -> bool:
+    return os.environ.get(AUTH_ENV, "on") != "off"
+
+
 def credential(server: NatsServer, user: str) -> dict[str, str]:
     """The environment that gives a service process ``user``'s own credential on the bench's server
     (``gateway``, ``scheduler``, ``fleet``, ...): the bus refuses anonymous clients (ADR-0026)."""
-    assert server.credentials is not None, "the bench's nats-server generates the credentials"
+    if server.credentials is None:  # --no-auth: the comparison run
+        return {"NODUS_NATS_ANONYMOUS": "true"}
     return {"NODUS_NATS_NKEY_SEED": str(server.credentials.seed(user))}
 
 

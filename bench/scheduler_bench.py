@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from bench.running import Result, cpu_seconds, credential, spawn
+from bench.running import Result, bus_auth, cpu_seconds, credential, spawn
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.storing import ObjectStore
@@ -93,7 +93,10 @@ async def _raw_creates(nc: Any, n: int) -> float:
 
 async def run(n: int) -> list[Result]:
     del n  # the sizes are the issue's, not the command line's
-    with NatsServer() as server, tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir:
+    with (
+        NatsServer(auth=bus_auth()) as server,
+        tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir,
+    ):
         tmp = Path(tmp_dir)
         nc = await connect(server.url, "bench", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())

@@ -13,7 +13,7 @@ import time
 
 import msgspec
 
-from bench.running import Result, best_of, rate
+from bench.running import Result, best_of, bus_auth, rate
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.storing import ObjectStore
@@ -32,7 +32,7 @@ def _job(ns: str, i: int) -> Job:
 
 
 async def run(n: int) -> list[Result]:
-    with NatsServer() as server:
+    with NatsServer(auth=bus_auth()) as server:
         nc = await connect(server.url, "bench", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         store = ObjectStore(nc, "jobs", Job)

@@ -43,7 +43,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bench.running import Result, cpu_seconds, credential, spawn
+from bench.running import Result, bus_auth, cpu_seconds, credential, spawn
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.leasing import Lease
@@ -237,7 +237,10 @@ async def _raw_puts(nc: NATS, size: int, n: int, in_flight: int) -> float:
 
 async def run(n: int) -> list[Result]:
     """``n`` is the number of raw writes per baseline (the Sweep's size is the issue's: 1,000 cells)."""
-    with NatsServer() as server, tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir:
+    with (
+        NatsServer(auth=bus_auth()) as server,
+        tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir,
+    ):
         tmp = Path(tmp_dir)
         nc = await connect(server.url, "bench", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
