@@ -192,3 +192,29 @@ async def test_a_recreated_sweep_runs_again_and_is_charged_again(stack: tuple[St
     assert Decimal(first["cells"][0]["unitsPerSecond"]) == Decimal("100.5")
     assert Decimal(second["cells"][0]["unitsPerSecond"]) == Decimal("301.5")  # it ran again, with SPEED=3
     assert Decimal(second["cost"]["totalUSD"]) > 0
+
+
+async def test_the_stack_bus_refuses_strangers_and_the_operator_reads(
+    stack: tuple[Stack, dict[str, str]],
+) -> None:
+    """The stack `make up` starts authenticates every process (#17): an anonymous client is refused (it
+    could read Secrets, write Jobs and send assignments before), and the operator's seed in local.env
+    taps the bus read-only."""
+    import nats
+    import nats.errors
+
+    from nodus_kit.connecting import connect
+
+    s, values = stack
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(values["NODUS_NATS_URL"], allow_reconnect=False, max_reconnect_attempts=0)
+    env = (s.root / "local.env").read_text()
+    assert f"NODUS_NATS_OPERATOR_SEED={values['NODUS_NATS_OPERATOR_SEED']}" in env
+    operator = await connect(
+        values["NODUS_NATS_URL"], "e2e-operator", nkey_seed=values["NODUS_NATS_OPERATOR_SEED"]
+    )
+    try:
+        info = await operator.jetstream().stream_info("KV_jobs")
+        assert info.config.name == "KV_jobs"
+    finally:
+        await operator.close()
