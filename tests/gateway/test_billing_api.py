@@ -638,3 +638,44 @@ async def test_kubectl_gets_budgets(nc: NATS, unique: str, tmp_path: Path) -> No
         assert 'budget.nodus.dev "ml" deleted' in await kubectl("delete", "budget", "ml", "-n", unique)
     finally:
         await server.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Grants within the books' bounds (MAX_USD): a bad amount is a 4xx with a fix, never a 500
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "amount",
+    ["1000000000.000001", "99999999999999", "99999999999999999999", True, None, 1.5, {"usd": "1"}, ["1"]],
+    ids=["just-above-max", "the-report", "beyond-64-bits", "bool", "null", "float", "object", "list"],
+)
+async def test_a_grant_above_max_usd_or_not_a_string_is_422_with_a_fix(project: Project, amount: Any) -> None:
+    body = assert_status(await project.grant(amount), 422, "Invalid")
+    assert causes(body) == {"amountUSD"}
+    if isinstance(amount, str):
+        assert "at most 1000000000" in body["details"]["causes"][0]["message"]
+    # Nothing was granted, and the book takes the next grant (an oversize one once poisoned it for good).
+    assert (await project.grant("1.00")).status_code == 201
+    assert balances((await project.admin.get(project.path("account"))).json())["grantedUSD"] == "1.00"
+
+
+async def test_a_grant_of_exactly_max_usd_is_granted(project: Project) -> None:
+    resp = await project.grant("1000000000.000000")
+    assert resp.status_code == 201, resp.text
+    assert balances(resp.json())["grantedUSD"] == "1000000000.00"
+
+
+async def test_a_billing_answer_the_gateway_does_not_know_is_503_not_500(
+    project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Billing answering InternalError (an older billing; a bug) is billing unable to serve the request:
+    503 with a fix, and none of its exception's text."""
+
+    async def failing(*_: Any, **__: Any) -> Any:
+        raise billingapi.kit.NodusError("OverflowError: can't serialize ints < -2**63 or > 2**64 - 1")
+
+    monkeypatch.setattr(billingapi.messaging, "request", failing)
+    for resp in (await project.grant("1.00"), await project.viewer.get(project.path("account"))):
+        body = assert_status(resp, 503, "ServiceUnavailable")
+        assert "OverflowError" not in resp.text and body["details"]["retryAfterSeconds"] == 1

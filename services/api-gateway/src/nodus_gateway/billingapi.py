@@ -12,7 +12,11 @@ GET  .../namespaces/{ns}/invoices/{month}?format=      viewer of the project  In
 Billing owns the books (accounts, holds, the ledger); the gateway only asks, on the request/reply
 subjects of :mod:`nodus_schema.billing`, and turns micro-dollars into USD strings (:mod:`invoicing`).
 When billing does not answer the caller gets 503 ServiceUnavailable (nobody serves the subject) or 504
-Timeout, each with a fix; a grant retried with the same id after a timeout counts once.
+Timeout, each with a fix; a grant retried with the same id after a timeout counts once. No billing
+failure is a 500: billing answering that it could not serve the request just now (a failure it logged) is
+a 503 too, with its sentence and a fix; a book that kept changing under billing's tries is a 409 Conflict
+to retry. A grant's amount is checked here first: a USD string, positive, at most MAX_USD
+(``nodus_schema.quantities``) with at most 6 decimals, else 422 Invalid on ``amountUSD``.
 
 A grant's id makes a retry the same grant: the body's ``id``, else the ``Idempotency-Key`` header, else a
 new uuid4 (then a retry is a new grant). A revoke (``"revoke": true``) takes back only what no hold
@@ -60,7 +64,7 @@ from nodus_schema.billing import (
     UsageRequest,
     UsageRow,
 )
-from nodus_schema.quantities import micros_to_usd, usd_to_micros
+from nodus_schema.quantities import MAX_USD, MAX_USD_MICROS, micros_to_usd, usd_to_micros
 
 BILLING_TIMEOUT_S: Final = 2.0
 """Each request to billing; a billing that is up answers in milliseconds."""
@@ -72,6 +76,9 @@ GRANT_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 """What a grant id may be: a uuid, a ticket number, an invoice id (it names ledger entries)."""
 _ID_RULE: Final = "must be 1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
 MAX_NOTE: Final = 1024
+NOBODY_SERVES: Final = "nobody serves"
+"""How ``messaging.request`` words a subject nobody serves (billing not running), as opposed to billing
+answering ServiceUnavailable itself."""
 START_BILLING: Final = (
     "Start the billing service (`nodus-billing`; `make up` runs it with the local stack) and retry."
 )
@@ -93,7 +100,7 @@ FormatQ = Annotated[str | None, Query(alias="format")]
 
 def billing_error(err: kit.NodusError) -> ApiError:
     """Billing did not answer, or answered with an error: a Status that says which, with a fix."""
-    if isinstance(err, kit.Unavailable):
+    if isinstance(err, kit.Unavailable) and str(err).startswith(NOBODY_SERVES):
         return ApiError.of(
             "ServiceUnavailable", f"billing is not running: {err}", fix=START_BILLING, retry_after=1
         )
@@ -106,7 +113,24 @@ def billing_error(err: kit.NodusError) -> ApiError:
         )
     if isinstance(err, kit.Invalid):
         return ApiError.of("BadRequest", f"billing refused the request: {err}")
-    return ApiError.of("InternalError", f"billing failed: {err.reason}: {err}")
+    if isinstance(err, kit.Conflict):
+        return ApiError.of(
+            "Conflict",
+            f"billing could not apply the request: {err}",
+            fix="Retry. A grant retried with the same id (or Idempotency-Key) counts once.",
+            retry_after=1,
+        )
+    # Anything else billing answered (a failure it logged, a book it cannot write, an answer this gateway
+    # cannot read) is billing unable to serve the request now, not a gateway error: its words only when
+    # they are billing's own sentence (ServiceUnavailable), never an exception's text.
+    said = f": {err}" if isinstance(err, kit.Unavailable) else ""
+    return ApiError.of(
+        "ServiceUnavailable",
+        f"billing could not serve the request just now{said}",
+        fix="Nothing was changed. Retry (a grant with the same id counts once); if it keeps failing, the "
+        "cluster operator should read nodus-billing's log.",
+        retry_after=1,
+    )
 
 
 async def ask(nc: NATS, subject: str, message: Any, reply_type: type[Any]) -> Any:
@@ -145,10 +169,10 @@ async def read_usage(nc: NATS, project: str, month: str | None) -> list[UsageRow
 # ---------------------------------------------------------------------------------------------------------
 
 
-def invalid_grant(causes: list[FieldError]) -> ApiError:
+def invalid_grant(causes: list[FieldError], fix: str | None = None) -> ApiError:
     listed = ", ".join(str(c) for c in causes)
     message = f"CreditGrant.{API_GROUP} is invalid: " + (listed if len(causes) == 1 else f"[{listed}]")
-    return ApiError.of("Invalid", message, kind="CreditGrant", causes=causes)
+    return ApiError.of("Invalid", message, kind="CreditGrant", causes=causes, fix=fix)
 
 
 def grant_of(data: Any) -> CreditGrant:
@@ -173,13 +197,23 @@ def grant_of(data: Any) -> CreditGrant:
 def grant_errors(grant: CreditGrant) -> list[FieldError]:
     causes: list[FieldError] = []
     try:
-        if usd_to_micros(grant.amount_usd) <= 0:
+        micros = usd_to_micros(grant.amount_usd)
+        if micros <= 0:
             causes.append(
                 FieldError(
                     "amountUSD",
                     CauseType.INVALID,
                     f"Invalid value: {grant.amount_usd!r}: must be greater than 0 "
                     '(to take credits back, send "revoke": true)',
+                )
+            )
+        elif micros > MAX_USD_MICROS:
+            causes.append(
+                FieldError(
+                    "amountUSD",
+                    CauseType.INVALID,
+                    f"Invalid value: {grant.amount_usd!r}: must be at most {MAX_USD} "
+                    "(one grant is at most a billion dollars; grant more in several)",
                 )
             )
     except ValueError as e:
@@ -219,7 +253,9 @@ def refusal(project: str, reply: GrantReply) -> ApiError:
         status = status_for(INSUFFICIENT_CREDITS, message, name=project, kind="Account", fix=reply.fix)
         return ApiError(msgspec.structs.replace(status, code=409))
     if reply.code == "Invalid":
-        return invalid_grant([FieldError("amountUSD", CauseType.INVALID, message)])
+        return invalid_grant([FieldError("amountUSD", CauseType.INVALID, message)], fix=reply.fix)
+    if reply.code == "InternalError":  # billing could not apply it (logged there): not the gateway's 500
+        return billing_error(kit.Unavailable(message))
     try:
         return ApiError(status_for(reply.code or "InternalError", message, fix=reply.fix))
     except ValueError:  # a reason this gateway does not know yet: still a refusal, said as one

@@ -9,30 +9,45 @@ since every operation is idempotent by its id (ADR-0023), nothing is applied twi
 An operation may be given as a function of the state (``Planner``): it is called inside the commit, on
 the state it will apply to, so amounts that depend on what was charged before (a meter tick, a capture)
 are computed under the same compare-and-set that posts them.
+
+One operation can never poison a project's book. A stored book that holds what a book cannot (written by
+an older version) is repaired when it is read (:mod:`repairing`): the repaired book is written back,
+logged, counted (``Books.repairs``) and announced as a Warning event on the project's account. An
+operation that raises is refused alone (``InternalError``, logged); the others of its commit go on. And a
+commit whose state would not encode is applied again one operation at a time, refusing each operation
+that makes it so, before anything is written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.errors import MaxPayloadError
 
-from nodus_billing.holding import Grant, Op, apply
-from nodus_billing.standing import Result, State
-from nodus_kit.errors import AlreadyExists, Conflict, NotFound
+from nodus_billing.holding import Grant, Op, apply, op_id
+from nodus_billing.repairing import encodable, repair
+from nodus_billing.standing import BOOK_MAX_MICROS, INTERNAL, INVALID, Repair, Result, State
+from nodus_kit.errors import AlreadyExists, Conflict, NotFound, Unavailable
+from nodus_kit.messaging import MSG_ID
 from nodus_kit.storing import ObjectStore
-from nodus_schema.meta import ObjectMeta
+from nodus_schema.messages import ObjectEvent
+from nodus_schema.meta import ObjectMeta, now_rfc3339
+from nodus_schema.quantities import micros_to_usd
 from nodus_schema.wire import API_VERSION, Wire
 
 log = logging.getLogger(__name__)
 
 BUCKET: Final = "accounts"
 CAS_RETRIES: Final = 50
+REPAIRED: Final = "BookRepaired"
+"""The reason of the Warning event published when a stored book was repaired."""
 
 Planner = Callable[[State], Op | None]
 """Decides an operation on the state it will be applied to (None: nothing to do)."""
@@ -71,6 +86,8 @@ class Books:
     store: ObjectStore[Book] = field(init=False)
     commits: int = 0
     """KV writes done (the benchmark reads it: operations per write is the group commit's gain)."""
+    repairs: int = 0
+    """Values repaired in stored books and written back (each is logged and announced as an event)."""
 
     def __post_init__(self) -> None:
         self.store = ObjectStore(self.nc, BUCKET, Book)
@@ -79,11 +96,27 @@ class Books:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def read(self, project: str) -> State:
-        """The project's state as stored (an empty state for a project nothing was charged to yet)."""
+        """The project's state as stored (an empty state for a project nothing was charged to yet); a book
+        that needs repair is read repaired, and the repaired book is written back (see the module)."""
         try:
-            return (await self.store.get(None, project)).state
+            book = await self.store.get(None, project)
         except NotFound:
             return self._opening(project, State())
+        state, repairs = repair(book.state, _now_ms())
+        if repairs:
+            self._spawn(self.apply(project, []), f"books:repair:{project}")  # an empty commit writes it
+        return state
+
+    def _spawn(self, work: Any, name: str) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except Exception as e:  # the next read or write of the book tries again
+                log.warning("billing book not written back: %s", e, extra={"task": name})
+
+        task = asyncio.create_task(run(), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def apply(self, project: str, steps: Sequence[Step]) -> Applied:
         """Apply ``steps`` in order to the project's book, committed with whoever else waits."""
@@ -122,18 +155,14 @@ class Books:
                 book: Book | None = await self.store.get(None, project)
             except NotFound:
                 book = None
-            state = self._opening(project, book.state if book else State())
-            out: list[list[Result | None]] = []
-            for steps in batches:
-                results: list[Result | None] = []
-                for step in steps:
-                    op = step if not callable(step) else step(state)
-                    if op is None:
-                        results.append(None)
-                        continue
-                    state, result, _ = apply(state, op)
-                    results.append(result)
-                out.append(results)
+            repairs: list[Repair] = []
+            state = book.state if book else State()
+            if book is not None:
+                state, repairs = repair(state, _now_ms())
+            start = self._opening(project, state)  # apply is pure: start stays as it is
+            out, state = _apply_all(project, start, batches, checked=False)
+            if not encodable(state):  # never written: find the operations that did it, refuse them alone
+                out, state = _apply_all(project, start, batches, checked=True)
             try:
                 if book is None:
                     await self.store.create(Book(metadata=ObjectMeta(name=project), state=state))
@@ -141,9 +170,54 @@ class Books:
                     await self.store.update(msgspec.structs.replace(book, state=state))
             except (Conflict, AlreadyExists):
                 continue  # another replica wrote the book first: apply again to what it wrote
+            except MaxPayloadError:
+                raise Unavailable(self._full(project, state)) from None
             self.commits += 1
+            if repairs:
+                await self._repaired(project, repairs)
             return out, state
         raise Conflict(f"the billing book of {project} kept changing under {CAS_RETRIES} tries")
+
+    def _full(self, project: str, state: State) -> str:
+        """Why a book could not be written: it outgrew the bus's largest message (it keeps every run)."""
+        limit = self.nc.max_payload
+        return (
+            f"the billing book of project {project} has outgrown the bus's largest message ({limit} bytes:"
+            f" it records {len(state.holds)} runs); nothing was changed. The cluster operator can raise"
+            " NATS max_payload (docs/billing.md, Bounds and repairs)"
+        )
+
+    async def _repaired(self, project: str, repairs: list[Repair]) -> None:
+        """A repaired book was written: logged, counted, and a Warning event on the project's account."""
+        self.repairs += len(repairs)
+        said = "; ".join(f"{r.path} was {r.was}, now {r.now or 'none'}" for r in repairs[:5])
+        more = f" (and {len(repairs) - 5} more)" if len(repairs) > 5 else ""
+        log.warning(
+            "billing book repaired",
+            extra={"project": project, "repairs": [msgspec.to_builtins(r) for r in repairs]},
+        )
+        message = (
+            f"billing repaired the book of project {project}: it held values beyond"
+            f" ${micros_to_usd(BOOK_MAX_MICROS)}, the most a book holds: {said}{more}"
+        )
+        event = ObjectEvent(
+            namespace=project,
+            kind="Account",
+            name=project,
+            uid="",
+            reason=REPAIRED,
+            message=message,
+            time=now_rfc3339(),
+            severity="Warning",
+        )
+        try:  # news, not state (as every event): a failed publish must not fail the commit
+            await self.nc.publish(
+                f"nodus.events.{project}.accounts.{project}",
+                msgspec.json.encode(event),
+                headers={MSG_ID: f"event:book:{project}:{repairs[0].at_ms}"},
+            )
+        except Exception as e:
+            log.warning("event not published: %s", e, extra={"project": project, "reason": REPAIRED})
 
     def _opening(self, project: str, state: State) -> State:
         """A project's starting credits, granted once (the grant's id makes it so)."""
@@ -151,3 +225,61 @@ class Books:
             return state
         grant = Grant(grant_id=f"starting:{project}", project=project, amount_micros=self.starting_micros)
         return apply(state, grant)[0]
+
+
+def _apply_all(
+    project: str, state: State, batches: list[Sequence[Step]], *, checked: bool
+) -> tuple[list[list[Result | None]], State]:
+    """Every batch's steps applied in order. A step that raises is refused alone (logged): the state stays
+    as it was before it. ``checked``: a step after which the state would not encode is refused too."""
+    out: list[list[Result | None]] = []
+    for steps in batches:
+        results: list[Result | None] = []
+        for step in steps:
+            op: Op | None = None
+            try:
+                op = step if not callable(step) else step(state)
+                if op is None:
+                    results.append(None)
+                    continue
+                new, result, _ = apply(state, op)
+            except Exception:
+                key = op_id(op) if op is not None else "a planned operation"
+                log.exception("billing operation failed", extra={"project": project, "op": key})
+                results.append(_failed(key))
+                continue
+            if checked and not encodable(new):
+                log.error(
+                    "billing operation refused: beyond the book",
+                    extra={"project": project, "op": result.op_id},
+                )
+                results.append(_beyond(result.op_id))
+                continue
+            state = new
+            results.append(result)
+        out.append(results)
+    return out, state
+
+
+def _failed(key: str) -> Result:
+    return Result(
+        op_id=key,
+        ok=False,
+        code=INTERNAL,
+        message=f"billing could not apply {key}; nothing was changed (nodus-billing logged why)",
+        fix="Retry. If it keeps failing, the cluster operator should read nodus-billing's log.",
+    )
+
+
+def _beyond(key: str) -> Result:
+    return Result(
+        op_id=key,
+        ok=False,
+        code=INVALID,
+        message=f"{key} would put an amount in the billing book beyond what it holds; nothing was changed",
+        fix=f"Use amounts of at most ${micros_to_usd(BOOK_MAX_MICROS)}.",
+    )
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -8,6 +8,13 @@ result. Money is integer micro-dollars throughout.
 A hold is a pending transfer: placing it moves credits from the project's available account to the
 hold's own ledger account; meter ticks and the capture move from the hold to the Job's spend account;
 the rest goes back to available exactly once, when the hold is captured, released or expires.
+
+Every integer an operation brings is bounded before it is applied (:func:`bounded`), so no operation can
+put into a book what the book cannot hold (``standing.BOOK_MAX_MICROS``): an amount that only measures
+usage (a tick, a capture, a run's segments) or a limit (a cap, a Budget) is clamped, since the clamp
+changes nothing the book can tell apart; an amount that would move money beyond the bound (a hold, an
+extension, a grant) or a time or count beyond its bound is refused, that operation alone, with a message
+and a fix.
 """
 
 from __future__ import annotations
@@ -21,16 +28,21 @@ from nodus_billing.accounting import (
     CREDITS_ISSUED,
     Entry,
     available_account,
+    balance,
     hold_account,
     post,
     spend_account,
 )
 from nodus_billing.standing import (
+    BOOK_MAX_MICROS,
     BUDGET_EXCEEDED,
     CONFLICT,
     INSUFFICIENT_CREDITS,
     INVALID,
     MAX_COST_REACHED,
+    MAX_COUNT,
+    MAX_GRANT_MICROS,
+    MAX_TIME_MS,
     NOT_FOUND,
     Budget,
     Hold,
@@ -41,6 +53,7 @@ from nodus_billing.standing import (
     Sweep,
     Usage,
     available,
+    binds,
     budget_used,
     held,
     job_held,
@@ -201,6 +214,9 @@ def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
     key = op_id(op)
     if key in state.results:
         return state, state.results[key], []
+    op, refusal = bounded(op, key)
+    if refusal is not None:
+        return state, refusal, []
     new = _clone(state)
     result, entries = _HANDLERS[type(op)](new, op, key)
     posted = post(new.ledger, new.balances, entries)
@@ -225,6 +241,86 @@ def hold_amount(rate_micros_per_hour: int, window_millis: int) -> int:
     return charge_micros(rate_micros_per_hour, window_millis)
 
 
+def bounded(op: Op, key: str) -> tuple[Op, Result | None]:
+    """The operation with every integer inside what a book holds, or the refusal of it (see the module).
+
+    Clamped: a Job's or Sweep's cap above ``BOOK_MAX_MICROS`` is no cap (no book can spend that much); a
+    Budget above it is set to it (where it never binds: ``standing.binds``); usage (a tick's or capture's
+    amount, a run's segments and billed time) at it (only the unbilled overrun beyond the hold could tell
+    the difference, and it saturates there). Refused: a grant above ``MAX_GRANT_MICROS``, a hold or an
+    extension above ``BOOK_MAX_MICROS``, a rate above it, a time outside 1970..9999, a count above
+    ``MAX_COUNT``."""
+    match op:
+        case Grant() if op.amount_micros > MAX_GRANT_MICROS:
+            most = _usd(MAX_GRANT_MICROS)
+            msg = f"a grant of {_usd(op.amount_micros)} is more than one grant may be ({most})"
+            return op, _refuse(key, INVALID, msg, f"grant at most {_usd(MAX_GRANT_MICROS)} at a time")
+        case PutJob() | PutSweep() | PutBudget() if not 0 <= op.generation <= MAX_COUNT:
+            return op, _refuse(key, INVALID, f"generation {op.generation}", f"use 0 to {MAX_COUNT}")
+        case PutJob() | PutSweep() if op.max_cost_micros is not None and op.max_cost_micros > BOOK_MAX_MICROS:
+            return msgspec.structs.replace(op, max_cost_micros=None), None
+        case PutJob() | PutSweep() if op.max_cost_micros is not None and op.max_cost_micros < 0:
+            return msgspec.structs.replace(op, max_cost_micros=0), None
+        case PutBudget() if op.monthly_micros > BOOK_MAX_MICROS:
+            return msgspec.structs.replace(op, monthly_micros=BOOK_MAX_MICROS), None
+        case PlaceHold() | ExtendHold():
+            amount = op.amount_micros if isinstance(op, PlaceHold) else op.more_micros
+            if amount > BOOK_MAX_MICROS:
+                most = _usd(BOOK_MAX_MICROS)
+                msg = f"a hold of {_usd(amount)} is more than any billing book can fund ({most})"
+                return op, _refuse(key, INVALID, msg, "hold less: a shorter window or a lower rate")
+            times = [op.funded_until_ms] + ([op.at_ms] if isinstance(op, PlaceHold) else [])
+            if any(not 0 <= t <= MAX_TIME_MS for t in times):
+                msg = f"a hold at {times[-1]} ms funded until {times[0]} ms (since 1970, UTC)"
+                return op, _refuse(key, INVALID, msg, "use times from 1970 to 9999")
+            if isinstance(op, PlaceHold) and not 0 <= op.rate_micros_per_hour <= BOOK_MAX_MICROS:
+                msg = f"a rate of {op.rate_micros_per_hour} µ$/h"
+                return op, _refuse(key, INVALID, msg, f"use a rate of at most {_usd(BOOK_MAX_MICROS)}/h")
+        case Charge():
+            if len(op.tick) > 18:  # more digits than MAX_COUNT has: not a tick number
+                return op, _refuse(
+                    key, INVALID, f"meter tick {op.tick[:24]!r}...", "number ticks 1, 2, 3, ..."
+                )
+            if op.amount_micros > BOOK_MAX_MICROS:
+                return msgspec.structs.replace(op, amount_micros=BOOK_MAX_MICROS), None
+        case Capture():
+            usage = _bounded_usage(op.usage) if op.usage is not None else None
+            total = None if op.total_micros is None else min(op.total_micros, BOOK_MAX_MICROS)
+            amount = min(op.amount_micros, BOOK_MAX_MICROS)
+            if (usage, total, amount) != (op.usage, op.total_micros, op.amount_micros):
+                return msgspec.structs.replace(
+                    op, usage=usage, total_micros=total, amount_micros=amount
+                ), None
+    return op, None
+
+
+def _bounded_usage(usage: Usage) -> Usage:
+    """A run's usage with every amount and time at most ``BOOK_MAX_MICROS`` (only a run no book could
+    pay for reaches it: what is charged is what its hold reserved)."""
+
+    def clamp(n: int) -> int:
+        return max(-BOOK_MAX_MICROS, min(n, BOOK_MAX_MICROS))
+
+    segments = {k: clamp(v) for k, v in usage.segments.items()}
+    covered = {k: clamp(v) for k, v in usage.covered.items()}
+    rate, millis = clamp(usage.rate_micros_per_hour), clamp(usage.billed_millis)
+    if (segments, covered, rate, millis) == (
+        usage.segments,
+        usage.covered,
+        usage.rate_micros_per_hour,
+        usage.billed_millis,
+    ):
+        return usage
+    return msgspec.structs.replace(
+        usage, segments=segments, covered=covered, rate_micros_per_hour=rate, billed_millis=millis
+    )
+
+
+def granted_total(state: State) -> int:
+    """Every credit granted in the book, net of revokes (``credits:issued`` is minus that)."""
+    return -balance(state.balances, CREDITS_ISSUED)
+
+
 def encode(state: State) -> bytes:
     """The state as JSON, for KV."""
     return msgspec.json.encode(state)
@@ -243,6 +339,14 @@ _Handled = tuple[Result, list[Entry]]
 def _grant(state: State, op: Grant, key: str) -> _Handled:
     if op.amount_micros <= 0:
         return _refuse(key, INVALID, f"grant of {op.amount_micros} µ$", "grant a positive amount"), []
+    total = granted_total(state)
+    if total + op.amount_micros > BOOK_MAX_MICROS:
+        msg = (
+            f"project {op.project} has {_usd(total)} granted; {_usd(op.amount_micros)} more passes"
+            f" {_usd(BOOK_MAX_MICROS)}, the most a billing book holds"
+        )
+        fix = f"grant at most {_usd(max(BOOK_MAX_MICROS - total, 0))}, or revoke credits first"
+        return _refuse(key, INVALID, msg, fix), []
     return Result(op_id=key), [_entry(key, CREDITS_ISSUED, available_account(op.project), op.amount_micros)]
 
 
@@ -446,7 +550,7 @@ def _does_not_fit(
             if committed + amount > sweep.max_cost_micros:
                 return _over_cap(key, f"sweep {job.sweep}", sweep.max_cost_micros, committed, amount)
     for name, budget in sorted(state.budgets.items()):
-        if budget.project != job.project or not matches(budget.selector, labels):
+        if budget.project != job.project or not binds(budget) or not matches(budget.selector, labels):
             continue
         used = budget_used(state, budget, month)
         if used + amount > budget.monthly_micros:
@@ -479,7 +583,9 @@ def _charge_from(state: State, hold_id: str, hold: Hold, amount: int, key: str) 
     charged = min(amount, held(state, hold_id))
     overrun = amount - charged
     hold.charged_micros += charged
-    state.jobs[hold.job].unbilled_micros += overrun
+    job = state.jobs[hold.job]
+    # Saturates: what Nodus absorbed is recorded, never charged, and a book cannot hold more than the bound.
+    job.unbilled_micros = min(job.unbilled_micros + overrun, BOOK_MAX_MICROS)
     entry = _entry(key, hold_account(hold_id), spend_account(hold.job), charged)
     return Result(op_id=key, charged_micros=charged, overrun_micros=overrun), [entry]
 

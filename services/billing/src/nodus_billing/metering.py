@@ -32,7 +32,7 @@ from nodus_billing.books import Books, Planner, Step
 from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
 from nodus_billing.segmenting import RUNNING, charged, epoch_ms, usage_ms, usage_of
 from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
-from nodus_kit import tracing
+from nodus_kit import errors, tracing
 from nodus_kit.errors import NotFound
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
@@ -156,7 +156,7 @@ class Metering:
                 obj = None  # a Sweep of the same name, created again: not this cell's
         ref = job_ref(meta.name or "", meta.uid)
         gen = meta.generation or 1
-        cap = _micros(job.spec.max_cost_usd)
+        cap = _micros(job.spec.max_cost_usd, f"spec.maxCostUSD of job {ns}/{meta.name}")
 
         def put_sweep(state: State) -> Op | None:
             if sweep is None or obj is None:
@@ -166,7 +166,12 @@ class Metering:
             if known is not None and known.generation >= sgen:
                 return None
             return PutSweep(
-                name=sweep, project=ns, generation=sgen, max_cost_micros=_micros(obj.spec.max_cost_usd)
+                name=sweep,
+                project=ns,
+                generation=sgen,
+                max_cost_micros=_micros(
+                    obj.spec.max_cost_usd, f"spec.maxCostUSD of sweep {ns}/{obj.metadata.name}"
+                ),
             )
 
         def put_job(state: State) -> Op | None:
@@ -489,5 +494,15 @@ def _segments(amounts: dict[str, int], covered: set[str]) -> CostSegments:
     )
 
 
-def _micros(text: str | None) -> int | None:
-    return usd_to_micros(text) if text else None
+def _micros(text: str | None, what: str = "spec.maxCostUSD") -> int | None:
+    """A cap as micro-dollars (admission has checked it; a value an older admission let through that does
+    not parse is refused with a sentence, never a Python error)."""
+    if not text:
+        return None
+    try:
+        return usd_to_micros(text)
+    except ValueError as e:
+        raise errors.Invalid(
+            f"{what} {text[:70]!r} is not an amount billing can read ({e}); set it to a USD string such"
+            ' as "12.50"'
+        ) from None

@@ -16,6 +16,7 @@ is refused. Without the books (a bare quote in tests) the quote says BalanceNotC
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +30,7 @@ from nodus_billing.standing import (
     INSUFFICIENT_CREDITS,
     State,
     available,
+    binds,
     budget_used,
     month_of,
 )
@@ -45,6 +47,8 @@ from nodus_schema.estimating import (
     price,
 )
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
+
+log = logging.getLogger(__name__)
 
 QUEUE = "billing"
 
@@ -176,7 +180,7 @@ def balance_blocking(state: State, project: str, hold: int) -> list[BlockingReas
         )
     month = month_of(int(time.time() * 1000))
     for name, budget in sorted(state.budgets.items()):
-        if budget.project != project or budget.selector:
+        if budget.project != project or budget.selector or not binds(budget):
             continue  # a selector's Budget applies by labels, which a quote does not see; holds check it
         used = budget_used(state, budget, month)
         if used + hold > budget.monthly_micros:
@@ -199,7 +203,16 @@ def _dollars(micros: int) -> str:
 
 def _handler(books: Books | None) -> Callable[[QuoteRequest], Awaitable[EstimateReply]]:
     async def handle(request: QuoteRequest) -> EstimateReply:
-        state = await books.read(request.request.namespace) if books is not None else None
+        project = request.request.namespace
+        try:
+            state = await books.read(project) if books is not None else None
+        except errors.NodusError:
+            raise
+        except Exception:  # a sentence for the estimate, never a Python error's text (logged here)
+            log.exception("billing could not read the books for a quote", extra={"project": project})
+            raise errors.Unavailable(
+                f"billing could not read the books of project {project} for the estimate just now; retry"
+            ) from None
         try:
             return quote(request, state)
         except ValueError as e:  # a duration in the plan that does not parse: the caller's to fix

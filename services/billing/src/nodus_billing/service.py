@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from nodus_billing.books import Books
+from nodus_billing.books import Book, Books
 from nodus_billing.budgeting import Budgets
 from nodus_billing.holding import Expire
 from nodus_billing.metering import Metering, Terms, now_ms
@@ -97,21 +97,27 @@ class BillingService(Service):
 
     async def _expire(self) -> None:
         """The safety net under the meter: a hold nobody extended for an hour past its funding (its Job and
-        Attempt gone from every view the meter has) expires, and what it still reserves goes back."""
+        Attempt gone from every view the meter has) expires, and what it still reserves goes back.
+
+        Before that, the Job of every open hold whose funding has run out is looked at by the meter: one
+        whose Job was deleted while billing was down (or while its book could not be written) is released
+        there as soon as its Attempt is gone, not an hour later."""
         grace_ms = int(float(self.settings.env.get("NODUS_HOLD_EXPIRY_S", "3600")) * 1000)
         while True:
             await asyncio.sleep(max(1.0, self.terms.tick_ms / 1000))
+            books: list[Book] = []
             with contextlib.suppress(Exception):
-                for book in (await self.books.store.list(None)).items:
-                    project = book.metadata.name or ""
-                    cutoff = now_ms() - grace_ms
-                    due = [
-                        h
-                        for h in book.state.holds.values()
-                        if h.status == "Open" and h.funded_until_ms <= cutoff
-                    ]
-                    if due:
-                        # Whole seconds: one expiry op per project per second at most (its id is the time).
+                books = (await self.books.store.list(None)).items
+            for book in books:
+                project = book.metadata.name or ""
+                now = now_ms()
+                cutoff = now - grace_ms
+                holds = [h for h in book.state.holds.values() if h.status == "Open"]
+                for job in sorted({h.job.rsplit("@", 1)[0] for h in holds if h.funded_until_ms <= now}):
+                    self.meter.queue.add((project, job))
+                if any(h.funded_until_ms <= cutoff for h in holds):
+                    # Whole seconds: one expiry op per project per second at most (its id is the time).
+                    with contextlib.suppress(Exception):
                         await self.books.apply(project, [Expire(now_ms=cutoff // 1000 * 1000)])
 
     async def _on_report(self, delivery: Delivery[Report]) -> None:

@@ -5,11 +5,21 @@ Attempt, for one funding window at its rate or as much of it as the caps, Budget
 never less than two stop margins. A hold that does not fit blocks the Job (the ``funding`` record) with the
 reason and a fix, before the reply, so the scheduler that reads the reply and the one that reads the
 record agree. Asking again for the same Attempt returns the same hold.
+
+Every endpoint answers either its reply or an error with a registered reason and a sentence its reader can
+act on, never a Python exception's text (a scheduler puts billing's words into the Job's status.message):
+a refusal that is not about funding (a bad request) is ``Invalid`` with billing's message and fix, and
+whatever else goes wrong is logged with the project and answered as ``ServiceUnavailable``: nothing was
+changed, and the caller may retry (the scheduler does, every second).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
 
 from nats.aio.client import Client as NATS
 
@@ -17,7 +27,14 @@ from nodus_billing.accounting import CREDITS_ISSUED, balance, spend_account
 from nodus_billing.books import Books
 from nodus_billing.holding import Grant, Op, PlaceHold, Revoke
 from nodus_billing.metering import Metering, job_ref, now_ms
-from nodus_billing.standing import State, available, month_of, project_held, room_for
+from nodus_billing.standing import (
+    INTERNAL,
+    State,
+    available,
+    month_of,
+    project_held,
+    room_for,
+)
 from nodus_kit import errors, measuring, messaging
 from nodus_kit.errors import NotFound
 from nodus_schema.billing import (
@@ -40,9 +57,56 @@ from nodus_schema.billing import (
 )
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta
+from nodus_schema.quantities import MAX_DURATION, MAX_USD_MICROS, duration_micros, micros_to_usd
+
+log = logging.getLogger(__name__)
 
 QUEUE = "billing"
 HOLDS_IN_FLIGHT = 64
+MAX_RATE_MICROS_PER_HOUR: Final = MAX_USD_MICROS
+"""The highest rate a hold is placed at ($1,000,000,000 an hour, the API's MAX_USD; no price book comes
+near it). A hold is at most what the credits allow whatever the rate; what a run's ticks and capture
+report beyond the books' bound is clamped there (``holding.bounded``)."""
+MAX_WINDOW_MS: Final = duration_micros(MAX_DURATION) // 1000
+"""The longest funding window a hold request may ask for (MAX_DURATION)."""
+
+Request = TypeVar("Request")
+Reply = TypeVar("Reply")
+
+
+def guarded(
+    what: str,
+) -> Callable[[Callable[[Any, Request], Awaitable[Reply]]], Callable[[Any, Request], Awaitable[Reply]]]:
+    """An endpoint that answers a NodusError as it is, and anything else as ServiceUnavailable with a
+    sentence (``what`` billing could not do, for which project) and an incident id in its log."""
+
+    def wrap(
+        handler: Callable[[Any, Request], Awaitable[Reply]],
+    ) -> Callable[[Any, Request], Awaitable[Reply]]:
+        @functools.wraps(handler)
+        async def guarded_handler(self: Any, req: Request) -> Reply:
+            try:
+                return await handler(self, req)
+            except errors.NodusError:
+                raise
+            except Exception:
+                incident = uuid.uuid4().hex[:12]
+                project = str(getattr(req, "namespace", None) or getattr(req, "project", ""))
+                log.exception(
+                    "billing endpoint failed", extra={"project": project, "what": what, "incident": incident}
+                )
+                raise errors.Unavailable(unavailable(what, project, incident)) from None
+
+        return guarded_handler
+
+    return wrap
+
+
+def unavailable(what: str, project: str, incident: str) -> str:
+    return (
+        f"billing could not {what} for project {project} just now; nothing was changed. It is retried; "
+        f"if this persists, the cluster operator finds incident {incident} in nodus-billing's log"
+    )
 
 
 class Holds:
@@ -50,6 +114,7 @@ class Holds:
         self.books = books
         self.metering = metering
 
+    @guarded("fund the run")
     async def hold(self, req: HoldRequest) -> HoldReply:
         try:
             job = await self.metering.jobs.get(req.namespace, req.job)
@@ -57,13 +122,18 @@ class Holds:
             raise errors.NotFound(f"job {req.namespace}/{req.job} does not exist") from None
         if job.metadata.uid != req.job_uid:
             raise errors.NotFound(f"job {req.namespace}/{req.job} was re-created (uid {job.metadata.uid})")
-        if req.rate_micros_per_hour <= 0:
-            raise errors.Invalid(f"rateMicrosPerHour must be positive, not {req.rate_micros_per_hour}")
+        if not 0 < req.rate_micros_per_hour <= MAX_RATE_MICROS_PER_HOUR:
+            raise errors.Invalid(
+                f"the run's rate of {req.rate_micros_per_hour} µ$/h is not one billing can fund: it must be"
+                f" positive and at most ${micros_to_usd(MAX_RATE_MICROS_PER_HOUR)} an hour; the offering's"
+                " price book needs fixing (ask the cluster operator)"
+            )
         terms = self.metering.terms
         ref = job_ref(req.job, req.job_uid)
         now = now_ms()
         rate = req.rate_micros_per_hour
-        want = charge_micros(rate, req.window_millis or terms.window_ms)
+        window = min(req.window_millis, MAX_WINDOW_MS) if req.window_millis > 0 else terms.window_ms
+        want = charge_micros(rate, window)
         least = charge_micros(rate, 2 * terms.margin_ms)
 
         def plan(state: State) -> Op | None:
@@ -96,6 +166,15 @@ class Holds:
         if result is None:
             raise errors.TemporaryError(f"job {req.namespace}/{req.job} is not in the books yet; ask again")
         state = applied.state
+        if not result.ok and result.code not in FUNDING_REASONS:
+            # Not about funding (a bad request, an operation billing could not apply): the scheduler asks
+            # again and shows the sentence; an ok=False reply would block the Job under a reason that no
+            # cap, grant or Budget change lifts.
+            measuring.BILLING_HOLDS.labels("refused", result.code or "Unknown").inc()
+            said = f"{result.message}; {result.fix}" if result.fix else (result.message or "")
+            if result.code == INTERNAL:
+                raise errors.Unavailable(f"billing could not fund the run: {said}")
+            raise errors.Invalid(f"billing cannot fund the run: {said}")
         if not result.ok:
             if result.code in FUNDING_REASONS:
                 await self._block(
@@ -140,9 +219,11 @@ class Accounts:
         self.books = books
         self.requeue_project = requeue_project or (lambda project: None)
 
+    @guarded("read the account")
     async def account(self, req: AccountRequest) -> AccountView:
         return account_view(req.project, await self.books.read(req.project))
 
+    @guarded("grant or revoke credits")
     async def grant(self, req: GrantRequest) -> GrantReply:
         op: Op
         if req.revoke:
@@ -152,6 +233,8 @@ class Accounts:
         applied = await self.books.apply(req.project, [op])
         result = applied.results[0]
         view = account_view(req.project, applied.state)
+        if result is not None and result.code == INTERNAL:
+            raise errors.Unavailable(f"billing could not grant or revoke credits: {result.message}")
         if result is None or not result.ok:
             code = result.code if result else "Invalid"
             return GrantReply(
@@ -165,6 +248,7 @@ class Accounts:
             self.requeue_project(req.project)  # blocked Jobs may run again
         return GrantReply(ok=True, account=view)
 
+    @guarded("read the usage")
     async def usage(self, req: UsageRequest) -> UsageReply:
         state = await self.books.read(req.project)
         return UsageReply(project=req.project, rows=usage_rows(state, req.project, req.month))

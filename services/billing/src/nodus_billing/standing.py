@@ -13,7 +13,7 @@ from typing import Final, Literal
 import msgspec
 
 from nodus_billing.accounting import Entry, available_account, balance, hold_account, spend_account
-from nodus_schema.quantities import micros_to_usd
+from nodus_schema.quantities import MAX_USD_MICROS, micros_to_usd
 from nodus_schema.wire import Wire
 
 INSUFFICIENT_CREDITS: Final = "InsufficientCredits"
@@ -22,6 +22,25 @@ MAX_COST_REACHED: Final = "MaxCostReached"
 NOT_FOUND: Final = "NotFound"
 CONFLICT: Final = "Conflict"
 INVALID: Final = "Invalid"
+INTERNAL: Final = "InternalError"
+"""An operation billing could not apply (a bug, logged): refused alone, nothing else in its commit fails."""
+
+# --- the bounds of a book ----------------------------------------------------------------------------
+#
+# A book is JSON in KV, but every operation copies it through msgpack, whose integers are 64-bit: an
+# integer beyond that in a book fails every later operation of the project (the bug behind these
+# bounds). So every integer a book keeps is bounded, with room for the sums that are kept:
+
+BOOK_MAX_MICROS: Final = 10**18
+"""The most any amount in a book may be: $1,000,000,000,000 (a thousand times the API's MAX_USD). It is
+also the most all grants of a book may add up to (net of revokes), so that no balance, hold, spend or sum
+of them ever passes it, and ``credits:issued`` (minus all grants) stays far inside int64."""
+MAX_GRANT_MICROS: Final = MAX_USD_MICROS
+"""The most one grant may be (the API's MAX_USD): larger grants are refused, not clamped."""
+MAX_TIME_MS: Final = 253_402_300_799_999
+"""The latest instant a book keeps (9999-12-31T23:59:59.999Z, the last one a UTC month can name)."""
+MAX_COUNT: Final = BOOK_MAX_MICROS
+"""The most a count in a book (a generation, a meter tick) may be."""
 
 HoldStatus = Literal["Open", "Captured", "Released", "Expired"]
 
@@ -104,6 +123,21 @@ class Result(Wire):
     expired: list[str] = msgspec.field(default_factory=list)
 
 
+class Repair(Wire):
+    """One value billing changed in a stored book because the book could not hold it (written by an older
+    version, before the bounds): where, what it was (as text: it may not fit an integer here) and what it is
+    now (None: removed)."""
+
+    at_ms: int
+    path: str
+    was: str
+    now: str | None = None
+
+
+MAX_REPAIRS: Final = 20
+"""Repairs a book keeps (the latest): an audit trail, not a log."""
+
+
 class State(Wire):
     budgets: dict[str, Budget] = msgspec.field(default_factory=dict)
     sweeps: dict[str, Sweep] = msgspec.field(default_factory=dict)
@@ -115,6 +149,8 @@ class State(Wire):
     """The ledger folded (non-zero accounts only); always equal to ``fold(ledger.values())``."""
     results: dict[str, Result] = msgspec.field(default_factory=dict)
     """The result of every applied operation id: what makes a replay return the same answer."""
+    repairs: list[Repair] = msgspec.field(default_factory=list)
+    """What billing changed in this book because it could not hold it (the latest :data:`MAX_REPAIRS`)."""
 
 
 # --- reading the state -------------------------------------------------------------------------------
@@ -185,12 +221,18 @@ def room_for(state: State, job_name: str, month: str) -> tuple[int, str]:
             spent = sweep_spent(state, job.sweep) + sweep_held(state, job.sweep)
             rooms.append((sweep.max_cost_micros - spent, MAX_COST_REACHED))
     for _, budget in sorted(state.budgets.items()):
-        if budget.project == job.project and matches(budget.selector, job.labels):
+        if budget.project == job.project and binds(budget) and matches(budget.selector, job.labels):
             rooms.append((budget.monthly_micros - budget_used(state, budget, month), BUDGET_EXCEEDED))
     rooms.append((available(state, job.project), INSUFFICIENT_CREDITS))
     # The first of the smallest: ties go to the rule apply() checks first.
     least = min(room for room, _ in rooms)
     return max(least, 0), next(code for room, code in rooms if room == least)
+
+
+def binds(budget: Budget) -> bool:
+    """Whether a Budget can ever bind: one at :data:`BOOK_MAX_MICROS` (where larger ones are clamped)
+    allows more than any book can hold, so the credits always bind first and it is not checked."""
+    return budget.monthly_micros < BOOK_MAX_MICROS
 
 
 def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
