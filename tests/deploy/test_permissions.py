@@ -234,7 +234,7 @@ def expected(user: str) -> set[str]:
             own
             | _rights("write", *writes)
             | _reader(*writes, "sweeps", "attempts")
-            | {"lease:billing", "names", "durable:billing"}
+            | {"lease:billing", "names", "durable:billing", "events"}
             | lease
             | _rights("serve", *BILLING_RPC)
         )

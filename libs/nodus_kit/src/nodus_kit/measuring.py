@@ -176,6 +176,14 @@ def served(endpoint: str, outcome: str) -> None:
     RPC_REQUESTS.labels(endpoint, outcome).inc()
 
 
+# -- billing ---------------------------------------------------------------------------------------
+BOOK_REPAIRS: Final = Counter(
+    "nodus_billing_book_repairs",
+    "Values billing found beyond a book's bounds (written by an older version) and repaired on read",
+    registry=REGISTRY,
+)
+
+
 # -- node restriction (nodus_kit.vouching) ----------------------------------------------------------
 REFUSED_FROM_NODES: Final = Counter(
     "nodus_node_messages_refused",

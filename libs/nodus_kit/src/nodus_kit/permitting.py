@@ -152,6 +152,7 @@ BILLING = Access(
     lists=("accounts", FUNDING_BUCKET, "budgets", "jobs", "sweeps", "attempts"),
     keys=(("leases", "billing"),),
     durables=(Durable(REPORTS, "billing", "nodus.report.>"),),
+    publishes=("nodus.events.>",),  # BookRepaired (nodus_billing.repairing)
     serves=BILLING_RPC,
 )
 FLEET = Access(

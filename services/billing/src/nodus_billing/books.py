@@ -34,6 +34,7 @@ from nats.errors import MaxPayloadError
 from nodus_billing.holding import Grant, Op, apply, op_id
 from nodus_billing.repairing import encodable, repair
 from nodus_billing.standing import BOOK_MAX_MICROS, INTERNAL, INVALID, Repair, Result, State
+from nodus_kit import measuring
 from nodus_kit.errors import AlreadyExists, Conflict, NotFound, Unavailable
 from nodus_kit.messaging import MSG_ID
 from nodus_kit.storing import ObjectStore
@@ -190,6 +191,7 @@ class Books:
     async def _repaired(self, project: str, repairs: list[Repair]) -> None:
         """A repaired book was written: logged, counted, and a Warning event on the project's account."""
         self.repairs += len(repairs)
+        measuring.BOOK_REPAIRS.inc(len(repairs))
         said = "; ".join(f"{r.path} was {r.was}, now {r.now or 'none'}" for r in repairs[:5])
         more = f" (and {len(repairs) - 5} more)" if len(repairs) > 5 else ""
         log.warning(

@@ -84,11 +84,13 @@ def job_ref(name: str, uid: str | None) -> str:
 
 
 def sweep_ref_of(job: Job) -> str | None:
-    """The Sweep a cell Job belongs to (its controlling owner), as the book names it."""
-    for ref in job.metadata.owner_references:
-        if ref.kind == "Sweep":
-            return f"{ref.name}@{ref.uid}"
-    return None
+    """The Sweep a cell Job belongs to, as the book names it: its *controller* ownerReference only
+    (metav1.GetControllerOf, as the sweep controller decides cells). A plain reference to a Sweep, which a
+    user may set, never puts a Job under a Sweep's shared cap."""
+    ref = next((o for o in job.metadata.owner_references if o.controller), None)
+    if ref is None or ref.kind != "Sweep" or not ref.uid:
+        return None
+    return f"{ref.name}@{ref.uid}"
 
 
 def now_ms() -> int:

@@ -22,7 +22,15 @@ from nodus_kit import errors, messaging
 from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import Attempt
-from nodus_schema.billing import FUNDING_BUCKET, HOLD_SUBJECT, Block, Funding, HoldReply, HoldRequest
+from nodus_schema.billing import (
+    FUNDING_BUCKET,
+    FUNDING_REASONS,
+    HOLD_SUBJECT,
+    Block,
+    Funding,
+    HoldReply,
+    HoldRequest,
+)
 from nodus_schema.jobs import Job
 from nodus_schema.meta import ObjectMeta
 
@@ -84,7 +92,16 @@ class FundingView:
                 )
             except errors.NodusError as e:
                 asyncio.get_running_loop().call_later(RETRY_AFTER_S, self.retry, key)
-                return f"waiting for billing to fund the run: {e}"
+                # The Job's message is a user's to read: billing's own sentence for the kit's errors, never
+                # the text of an unexpected failure (an older billing answered Python's words).
+                known = isinstance(e, errors.Unavailable | errors.Timeout | errors.Invalid)
+                why = str(e) if known else "billing could not fund it just now; it is asked again shortly"
+                return f"waiting for billing to fund the run: {why}"
+            if not reply.ok and reply.code not in FUNDING_REASONS:
+                # Not a funding verdict (a caps or credits refusal blocks the Job; this does not): ask again.
+                log.warning("billing refused a hold with %s: %s", reply.code, reply.message)
+                asyncio.get_running_loop().call_later(RETRY_AFTER_S, self.retry, key)
+                return "waiting for billing to fund the run: billing could not place the hold just now"
             if not reply.ok:
                 block = Block(reason=reply.code or "", message=reply.message or "", fix=reply.fix or "")
                 meta = ObjectMeta(name=key[1], namespace=key[0])
