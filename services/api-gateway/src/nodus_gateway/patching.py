@@ -4,6 +4,13 @@ The gateway applies a patch to the stored object's JSON (its wire form) and admi
 Errors say which of the two went wrong, as Kubernetes tells them apart: a patch that cannot be read is
 :class:`PatchDecodeError` (400 BadRequest), one that cannot be applied (a failed ``test``, a missing path)
 is :class:`PatchApplyError` (422).
+
+Both functions recurse over their values, so neither takes one nested deeper than
+:data:`~nodus_schema.decoding.MAX_DEPTH` (checked without recursion), and a JSON patch never builds one:
+an operation that would put a value deeper is refused. A JSON patch has at most :data:`MAX_OPERATIONS`
+operations (Kubernetes' limit), and its ``copy`` operations copy at most :data:`MAX_COPIED_VALUES`
+values in all: each copy can double the document, so thirty of them would take a small object past any
+memory.
 """
 
 from __future__ import annotations
@@ -13,7 +20,14 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
+from nodus_schema.decoding import MAX_DEPTH
+
 JSON_PATCH_OPS: Final = ("add", "remove", "replace", "move", "copy", "test")
+MAX_OPERATIONS: Final = 10_000
+"""The most operations one JSON patch may have, as in Kubernetes' apiserver (maxJSONPatchOperations)."""
+MAX_COPIED_VALUES: Final = 100_000
+"""The most values (objects, arrays and scalars) the ``copy`` operations of one JSON patch may copy in
+all: far more than copying whole specs needs, far less than what a chain of doubling copies reaches."""
 
 
 class PatchError(Exception):
@@ -35,7 +49,14 @@ class PatchApplyError(PatchError):
 
 def merge_patch(target: Any, patch: Any) -> Any:
     """``target`` with ``patch`` merged in (RFC 7386): objects merge key by key, null removes a key, and
-    anything else (arrays included) replaces. Neither argument is modified."""
+    anything else (arrays included) replaces. Neither argument is modified. The result is no deeper
+    than the deeper of the two, so a patch within MAX_DEPTH keeps a document within it."""
+    if _shape(patch)[1] > MAX_DEPTH:
+        raise PatchDecodeError(f"the patch is nested deeper than the limit of {MAX_DEPTH} levels")
+    return _merge(target, patch)
+
+
+def _merge(target: Any, patch: Any) -> Any:
     if not isinstance(patch, Mapping):
         return copy.deepcopy(patch)
     result: dict[str, Any] = dict(target) if isinstance(target, Mapping) else {}
@@ -43,8 +64,28 @@ def merge_patch(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = _merge(result.get(key), value)
     return result
+
+
+def _shape(value: Any) -> tuple[int, int]:
+    """How many values ``value`` holds (itself included) and how deep its arrays and objects nest (a
+    scalar 0, ``[]`` 1, ``[[1]]`` 2); iterative, so any depth is safe to measure."""
+    count, deepest = 0, 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        count += 1
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in children)
+    return count, deepest
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -57,10 +98,33 @@ def json_patch(doc: Any, operations: Any) -> Any:
     nothing: a failing operation (a ``test`` included) raises and nothing is applied."""
     if not isinstance(operations, list):
         raise PatchDecodeError("a JSON patch must be an array of operations")
+    if len(operations) > MAX_OPERATIONS:
+        raise PatchDecodeError(
+            f"the allowed maximum operations in a JSON patch is {MAX_OPERATIONS}, got {len(operations)}"
+        )
+    if _shape(operations)[1] > MAX_DEPTH:
+        raise PatchDecodeError(f"the patch is nested deeper than the limit of {MAX_DEPTH} levels")
     result = copy.deepcopy(doc)
+    budget = _CopyBudget()
     for i, op in enumerate(operations):
-        result = _apply(result, _operation(i, op))
+        result = _apply(result, _operation(i, op), budget)
     return result
+
+
+class _CopyBudget:
+    """What the ``copy`` operations of one patch may still copy (MAX_COPIED_VALUES in all)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_COPIED_VALUES
+
+    def spend(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise PatchApplyError(
+                f"the copy operations of this patch copy more than {MAX_COPIED_VALUES} values in all"
+            )
 
 
 def _operation(i: int, op: Any) -> dict[str, Any]:
@@ -85,7 +149,7 @@ def _operation(i: int, op: Any) -> dict[str, Any]:
     return dict(op)
 
 
-def _apply(doc: Any, op: dict[str, Any]) -> Any:
+def _apply(doc: Any, op: dict[str, Any], budget: _CopyBudget) -> Any:
     name, path = op["op"], op["path"]
     if name == "add":
         return _add(doc, _pointer(path), copy.deepcopy(op["value"]))
@@ -104,7 +168,21 @@ def _apply(doc: Any, op: dict[str, Any]) -> Any:
             raise PatchApplyError(f'cannot move "{op["from"]}" into its own child "{path}"')
         doc, value = _remove(doc, source)
         return _add(doc, _pointer(path), value)
-    return _add(doc, _pointer(path), copy.deepcopy(_get(doc, source)))  # copy
+    value = _get(doc, source)  # copy: measured (iteratively) before deepcopy recurses over it
+    count, depth = _shape(value)
+    budget.spend(count)
+    tokens = _pointer(path)
+    _check_depth(tokens, depth)
+    return _add(doc, tokens, copy.deepcopy(value))
+
+
+def _check_depth(tokens: list[str], depth: int) -> None:
+    """A value ``depth`` deep put at ``tokens`` sits inside one array or object per token."""
+    if len(tokens) + depth > MAX_DEPTH:
+        raise PatchApplyError(
+            f'a value at "{_render(tokens)}" would nest the object deeper than the limit of {MAX_DEPTH} '
+            "levels"
+        )
 
 
 def _pointer(text: str) -> list[str]:
@@ -151,6 +229,7 @@ def _get(doc: Any, tokens: list[str]) -> Any:
 
 
 def _add(doc: Any, tokens: list[str], value: Any) -> Any:
+    _check_depth(tokens, _shape(value)[1])
     if not tokens:
         return value  # "add" at the root replaces the document
     parent = _get(doc, tokens[:-1])

@@ -3,6 +3,10 @@
 The request id is the caller's ``X-Request-Id`` when it looks like one, else a new one; it is set for the
 whole request (logs carry it, the bus carries it on as ``Nodus-Request-Id``), returned in the
 ``X-Request-Id`` header of every response and put in every Status as ``requestId``.
+
+Each request also gets its body context (bodies.py): reading a body finds the request's
+``fieldValidation`` there, and leaves the warnings it has (a repeated field under ``Warn``), which go out
+as ``Warning: 299`` headers when the response starts, whichever route read the body.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Final
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nodus_gateway import bodies
 from nodus_gateway.resources import RESOURCES
 from nodus_gateway.responding import status_response
 from nodus_kit import measuring, tracing
@@ -75,6 +80,7 @@ class RequestContext:
             return
         rid = request_id_from(Headers(scope=scope).get(HEADER))
         token = tracing.set_request_id(rid)
+        body_context, body_token = bodies.enter(scope.get("query_string", b""))
         began = time.perf_counter()
         code = 500
         started = False
@@ -83,7 +89,10 @@ class RequestContext:
             nonlocal code, started
             if message["type"] == "http.response.start":
                 started, code = True, int(message["status"])
-                MutableHeaders(scope=message)[HEADER] = rid
+                headers = MutableHeaders(scope=message)
+                headers[HEADER] = rid
+                for text in body_context.warnings:
+                    headers.append("Warning", bodies.warning_header(text))
                 tracing.set_attributes({"http.response.status_code": code})
             await send(message)
 
@@ -113,3 +122,4 @@ class RequestContext:
                     },
                 )
             token.var.reset(token)
+            bodies.leave(body_token)

@@ -121,7 +121,8 @@ def admit_secret_update(res: Resource, data: Any, old: Secret) -> Secret:
             )
         rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
         check_resource_version(res, name, rv)
-        data = _kept_values({**data, "metadata": {**(meta or {}), "name": name}}, old)
+        if meta is None or isinstance(meta, Mapping):  # any other metadata is admission's to refuse
+            data = _kept_values({**data, "metadata": {**(meta or {}), "name": name}}, old)
     else:
         rv = None
     new = admit_secret(res, data, namespace)
