@@ -28,8 +28,8 @@ from nodus_schema.configs import Connection, Secret
 from nodus_schema.estimating import EstimateRequest, QuoteRequest
 from nodus_schema.jobs import Job
 from nodus_schema.messages import Assignment, LogLines, ObjectEvent, Report
-from nodus_schema.noding import RetentionRequest, RunSecretsRequest, retention_subject, secrets_subject
 from nodus_schema.nodes import Node
+from nodus_schema.noding import RetentionRequest, RunSecretsRequest, retention_subject, secrets_subject
 from nodus_schema.offerings import Offering
 from nodus_schema.sweeps import Sweep
 
