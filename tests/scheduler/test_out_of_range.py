@@ -79,7 +79,7 @@ def test_within_ranges_clamps_what_the_lifecycle_reads_and_keeps_the_rest() -> N
         parallelism=BIG,
         placement=Placement(queue_timeout="not a duration"),
         recovery=Recovery(min_progress_duration="99999999999999h"),
-        distributed=Distributed(nodes=2, startup_timeout="1s"),
+        distributed=Distributed(nodes=2, startup_timeout="999h"),
         resources=Resources(gpu="L4:1"),
     )
     clamped = within_ranges(msgspec.structs.replace(job, spec=spec)).spec
@@ -88,7 +88,7 @@ def test_within_ranges_clamps_what_the_lifecycle_reads_and_keeps_the_rest() -> N
     assert (clamped.completions, clamped.parallelism) == (10_000, 256)
     assert clamped.placement is not None and clamped.placement.queue_timeout == "24h"
     assert clamped.recovery is not None and clamped.recovery.min_progress_duration == "596523h14m7s"
-    assert clamped.distributed is not None and clamped.distributed.startup_timeout == "5m0s"
+    assert clamped.distributed is not None and clamped.distributed.startup_timeout == "1h0m0s"
     unreadable = msgspec.structs.replace(spec, timeout="soon", ttl_seconds_after_finished=-5)
     again = within_ranges(msgspec.structs.replace(job, spec=unreadable)).spec
     assert again.timeout is None and again.ttl_seconds_after_finished == 0
