@@ -30,7 +30,7 @@ from nodus_gateway.authorizing import Principal, authorize, forbidden
 from nodus_gateway.principals import ID_LENGTH, PROJECTS_BUCKET, TOKENS_BUCKET, Principals, TokenRecord
 from nodus_gateway.resources import Resource, Stores
 from nodus_gateway.responding import ApiError, object_response
-from nodus_gateway.routing import FieldValidationQ, admitted_response
+from nodus_gateway.routing import DryRunQ, FieldValidationQ, admitted_response, dry_run_of
 from nodus_kit import errors as kit
 from nodus_schema import API_GROUP, API_VERSION, CauseType, FieldError, ListMeta, ObjectMeta, to_builtins
 from nodus_schema.access import (
@@ -123,13 +123,20 @@ def _project_routes(router: APIRouter, principals: Principals, stores: Stores, m
     store = principals.projects
 
     @router.post(f"{PREFIX}/projects", status_code=201, name="create project")
-    async def create_project(request: Request, field_validation_: FieldValidationQ = None) -> Response:
+    async def create_project(
+        request: Request, field_validation_: FieldValidationQ = None, dry_run: DryRunQ = None
+    ) -> Response:
         await authorize(request, "create", "projects", None)
         validation = field_validation(field_validation_)
+        dry = dry_run_of(dry_run)
         data = bodies.parse(await bodies.read_body(request, max_body_bytes), bodies.media_type(request))
         admitted = admit(PROJECT_RESOURCE, data, None, validation)
         project = _project_from(admitted.obj)
         try:
+            if dry:  # dryRun=All: answered as the create would be, nothing stored
+                if await _exists(store, project.metadata.name or ""):
+                    raise kit.AlreadyExists(project.metadata.name or "")
+                return admitted_response(PROJECT_RESOURCE, project, admitted.warnings, 201)
             created = await store.create(project)
         except kit.AlreadyExists:
             raise ApiError.of(
@@ -187,6 +194,14 @@ def _project_from(admitted: Project) -> Project:
     )
 
 
+async def _exists(store: Any, name: str) -> bool:
+    try:
+        await store.get(None, name)
+    except kit.NotFound:
+        return False
+    return True
+
+
 async def _project(store: Any, name: str) -> Project:
     if not _LABEL.fullmatch(name):
         raise _project_not_found(name)
@@ -227,9 +242,12 @@ def _token_routes(router: APIRouter, principals: Principals, max_body_bytes: int
     token_res = token_resource(principals.now)
 
     @router.post(f"{PREFIX}/tokens", status_code=201, name="create token")
-    async def create_token(request: Request, field_validation_: FieldValidationQ = None) -> Response:
+    async def create_token(
+        request: Request, field_validation_: FieldValidationQ = None, dry_run: DryRunQ = None
+    ) -> Response:
         caller = await authorize(request, "create", "tokens", None)
         validation = field_validation(field_validation_)
+        dry = dry_run_of(dry_run)
         data = bodies.parse(await bodies.read_body(request, max_body_bytes), bodies.media_type(request))
         admitted = admit(token_res, _as_token(data), None, validation)
         spec: TokenSpec = admitted.obj.spec
@@ -237,7 +255,8 @@ def _token_routes(router: APIRouter, principals: Principals, max_body_bytes: int
         # other tenants' projects from missing ones by the error it gets.
         _check_may_grant(caller, spec)
         await _check_projects_exist(principals, spec)
-        token = await principals.mint(spec)
+        # dryRun=All: the token as it would be (its expiry included), no secret and nothing stored.
+        token = await principals.mint(spec, dry_run=dry)
         return admitted_response(token_res, token, admitted.warnings, 201)
 
     @router.get(f"{PREFIX}/tokens", name="list tokens")

@@ -45,6 +45,13 @@ class DeleteOptions:
 
 def delete_options(query_policy: str | None, body: Any) -> DeleteOptions:
     """DeleteOptions from the query and the body (kubectl sends a body; curl users send the query)."""
+    if body is not None and not isinstance(body, Mapping):
+        # A body that is no object is no DeleteOptions: said, not ignored (Kubernetes answers 400 too).
+        raise ApiError.of(
+            "BadRequest",
+            f"a DELETE body must be a DeleteOptions object, not {type(body).__name__}",
+            fix='Send {"propagationPolicy": "Background"} (or Foreground, Orphan), or no body at all.',
+        )
     opts = body if isinstance(body, Mapping) else {}
     policy = query_policy or opts.get("propagationPolicy")
     if policy is None and opts.get("orphanDependents") is True:

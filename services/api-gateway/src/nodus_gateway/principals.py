@@ -258,9 +258,10 @@ class Principals:
             name=record.spec.principal, roles=dict(record.spec.roles), expires_at=expires_at, warning=warning
         )
 
-    async def mint(self, spec: TokenSpec) -> Token:
+    async def mint(self, spec: TokenSpec, *, dry_run: bool = False) -> Token:
         """A new token for ``spec`` (validated, admin.py), expiring as :func:`expiration_of` says: the
-        returned Token carries the secret, which is not kept anywhere."""
+        returned Token carries the secret, which is not kept anywhere. ``dry_run``: the Token as it would
+        be, without a secret, and nothing stored (dryRun=All must never mint a working token)."""
         secret = new_secret()
         digest = self.digest(secret)
         now = self.now()
@@ -271,6 +272,8 @@ class Principals:
             digest=digest,
             status=TokenStatus(expiration_timestamp=_stamp(expiration_of(spec, now))),
         )
+        if dry_run:
+            return record.public()
         created = await self.tokens.create(record)
         # No cache entry to drop: an unknown-token entry exists only for a secret someone presented, and
         # this one was generated a moment ago.

@@ -152,7 +152,7 @@ class WriteOptions:
     dry_run: bool
 
 
-def _dry_run(value: str | None) -> bool:
+def dry_run_of(value: str | None) -> bool:
     """``dryRun=All``: admit (and answer) as for a real write, store nothing. Refused rather than
     ignored when unknown: a client asking for a dry run must never get a real write by mistake."""
     if value is None or value == "":
@@ -167,7 +167,7 @@ def _dry_run(value: str | None) -> bool:
 
 
 async def _write_options(field_validation_: FieldValidationQ = None, dry_run: DryRunQ = None) -> WriteOptions:
-    return WriteOptions(field_validation(field_validation_), _dry_run(dry_run))
+    return WriteOptions(field_validation(field_validation_), dry_run_of(dry_run))
 
 
 WriteQ = Annotated[WriteOptions, Depends(_write_options)]
@@ -667,7 +667,7 @@ class _Routes:
         options = delete_options(propagation_policy, await self._optional_body(request))
         with store_errors(self.res, namespace, name):
             deleted = await delete_object(
-                self.res, self.stores, namespace, name, options, dry_run=_dry_run(dry_run)
+                self.res, self.stores, namespace, name, options, dry_run=dry_run_of(dry_run)
             )
         # Kubernetes returns the deleted object for custom resources (a Status only for built-ins).
         return admitted_response(self.res, deleted)
@@ -682,7 +682,7 @@ class _Routes:
         dry_run: DryRunQ = None,
     ) -> Response:
         await authorize(request, "deletecollection", self.res.plural, namespace)
-        dry = _dry_run(dry_run)
+        dry = dry_run_of(dry_run)
         _check_namespace(namespace)
         labels, fields = _parse_labels(label_selector), parse_field_selector(field_selector)
         options = delete_options(propagation_policy, await self._optional_body(request))
