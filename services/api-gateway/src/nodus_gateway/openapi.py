@@ -79,8 +79,9 @@ PARAMETER_DOCS: Final = {
     "format": "json (the default) or csv; without it, an Accept header listing text/csv first asks for CSV.",
     "Idempotency-Key": "Names the grant when the body has no id: a retry with the same key counts once.",
     "fieldValidation": (
-        "Kubernetes' field validation directive. The gateway always validates strictly (unknown and "
-        "duplicate fields are errors), whatever is asked."
+        "Kubernetes' field validation directive, for unknown and duplicate fields: Strict (the default: "
+        "an error naming each), Warn (accepted, each named in a Warning header) or Ignore (dropped; the "
+        "last of duplicates wins)."
     ),
 }
 
