@@ -267,6 +267,16 @@ def test_the_nats_url_comes_from_the_flag_the_environment_then_local_env(tmp_pat
     assert tailing.nats_url("nats://f:2", {"NODUS_NATS_URL": "nats://e:1"}, sub) == "nats://f:2"
 
 
+def test_the_seed_comes_from_the_flag_the_environment_then_local_env(tmp_path: Path) -> None:
+    """The bus refuses anonymous clients (#17): `make up` writes the operator's seed to local.env, and
+    `nodus tail` uses it unless told otherwise."""
+    (tmp_path / ".nodus").mkdir()
+    (tmp_path / ".nodus" / "local.env").write_text("NODUS_NATS_OPERATOR_SEED=/stack/operator.nk\n")
+    assert tailing.nkey_seed(None, {}, tmp_path) == "/stack/operator.nk"
+    assert tailing.nkey_seed(None, {"NODUS_NATS_OPERATOR_SEED": "/env.nk"}, tmp_path) == "/env.nk"
+    assert tailing.nkey_seed("/flag.nk", {"NODUS_NATS_OPERATOR_SEED": "/env.nk"}, tmp_path) == "/flag.nk"
+
+
 # -- the command, as a process --------------------------------------------------------------------------
 class Running:
     """A ``nodus tail`` process whose output lines are collected as they come."""
