@@ -134,7 +134,7 @@ SWEEPS = Access(
     writes=("sweeps", "jobs"),
     lists=("sweeps", "jobs"),
     keys=(("leases", "sweep-controller"),),
-    publishes=("nodus.events.>",),  # CellNameTaken and the like (nodus_sweeps.eventing)
+    publishes=("nodus.events.>",),  # CellNameTaken and the like (nodus_kit.eventing)
 )
 SCHEDULER = Access(
     "Job status, Attempts, placement, the published price book, assignments, events, estimates (serves)",

@@ -51,12 +51,12 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit import messaging, tracing
 from nodus_kit.errors import NotFound, TemporaryError
+from nodus_kit.eventing import publish_event
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.binding import Binder, Choice, Demand
 from nodus_scheduler.caching import Cache, JobKey, cancel_all, job_key
 from nodus_scheduler.capacity import CapacityIndex
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
-from nodus_scheduler.eventing import publish_event
 from nodus_scheduler.funding import FundingView
 from nodus_scheduler.ganging import (
     ABANDON_AFTER_S,

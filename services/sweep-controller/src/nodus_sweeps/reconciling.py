@@ -40,6 +40,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit import measuring, tracing
 from nodus_kit.errors import AlreadyExists, Conflict, NotFound, TemporaryError
+from nodus_kit.eventing import publish_event
 from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.costs import Cost, CostSegments, Estimate
 from nodus_schema.defaulting import default_job
@@ -50,7 +51,6 @@ from nodus_schema.meta import Condition, now_rfc3339, set_condition
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.sweeps import Sweep, SweepBest, SweepCell, SweepStatus
 from nodus_sweeps.caching import CellIndex, controlled_by, controller_of
-from nodus_sweeps.eventing import publish_event
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PARALLEL = 4
@@ -190,6 +190,7 @@ class SweepReconciler:
                 NAME_TAKEN,
                 f"cell #{index}: {taken_sentence(sweep, job)}; {taken_fix([job])}",
                 severity="Warning",
+                phase=sweep.status.phase,
                 once=f"{NAME_TAKEN}:{index}:{holder}",
             )
             log.warning(

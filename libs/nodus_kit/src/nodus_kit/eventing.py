@@ -1,4 +1,5 @@
-"""Events on the bus: every transition of a Job or an Attempt, as Kubernetes Events say them.
+"""Events on the bus: every transition of a Job, an Attempt or a Sweep, as Kubernetes Events say them (one
+helper for every controller: the scheduler's and the sweep controller's).
 
 Subject ``nodus.events.<namespace>.<plural>.<name>`` on the NODUS_EVENTS stream, one :class:`ObjectEvent`
 each. The message id is the object's uid and the transition, so a reconcile that runs again after a
