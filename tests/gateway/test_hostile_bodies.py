@@ -33,7 +33,7 @@ from nodus_gateway.principals import Principals
 from nodus_gateway.resources import RESOURCES, stores_for
 from nodus_scheduler.cataloging import load_catalog
 from nodus_scheduler.estimating import serve_estimates
-from nodus_schema.decoding import MAX_DEPTH
+from nodus_schema.parsing import MAX_DEPTH
 from nodus_schema.wire import DOCS_BASE
 
 ADMIN_TOKEN = "hostile-admin-token-0123456789"

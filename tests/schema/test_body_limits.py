@@ -1,4 +1,4 @@
-"""JSON text from outside (nodus_schema.decoding.parse_json): UTF-8 with the offending byte named, the
+"""JSON text from outside (nodus_schema.parsing.parse_json): UTF-8 with the offending byte named, the
 nesting limit checked without recursion before msgspec sees the text, lone surrogates refused, and the
 paths of duplicate fields, exact against an independent model (hypothesis), including the texts that
 could fool the cheap no-duplicates check (colons in strings, escapes)."""
@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodus_schema import decode
-from nodus_schema.decoding import MAX_DEPTH, MalformedJSON, parse_json
 from nodus_schema.fielding import Path
 from nodus_schema.jobs import Job
+from nodus_schema.parsing import MAX_DEPTH, MalformedJSON, parse_json
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DOCS = FilePath(__file__).resolve().parents[2] / "docs" / "errors" / "BadRequest.md"

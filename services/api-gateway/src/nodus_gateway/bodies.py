@@ -5,7 +5,7 @@ Every route that reads a body reads it here, so the limits on what a body may be
 with a 400 BadRequest before anything recursive runs on it:
 
 * UTF-8 only: the message names the byte offset of the first byte that is not;
-* at most :data:`~nodus_schema.decoding.MAX_DEPTH` levels of arrays and objects (mappings and sequences
+* at most :data:`~nodus_schema.parsing.MAX_DEPTH` levels of arrays and objects (mappings and sequences
   in YAML), checked without recursion;
 * no lone UTF-16 surrogate (``"\\ud800"``): it is no character, and no UTF-8 encoder downstream (the
   store, the bus) could write it;
@@ -35,8 +35,8 @@ from starlette.requests import Request
 from nodus_gateway.admitting import FieldValidation, field_validation
 from nodus_gateway.responding import ApiError
 from nodus_schema import CauseType, FieldError
-from nodus_schema.decoding import MAX_DEPTH, MalformedJSON, parse_json
 from nodus_schema.fielding import Path
+from nodus_schema.parsing import MAX_DEPTH, MalformedJSON, parse_json
 
 JSON_TYPES: Final = ("application/json",)
 YAML_TYPES: Final = ("application/yaml", "application/x-yaml", "text/yaml")

@@ -6,7 +6,7 @@ Errors say which of the two went wrong, as Kubernetes tells them apart: a patch 
 is :class:`PatchApplyError` (422).
 
 Both functions recurse over their values, so neither takes one nested deeper than
-:data:`~nodus_schema.decoding.MAX_DEPTH` (checked without recursion), and a JSON patch never builds one:
+:data:`~nodus_schema.parsing.MAX_DEPTH` (checked without recursion), and a JSON patch never builds one:
 an operation that would put a value deeper is refused. A JSON patch has at most :data:`MAX_OPERATIONS`
 operations (Kubernetes' limit), and its ``copy`` operations copy at most :data:`MAX_COPIED_VALUES`
 values in all: each copy can double the document, so thirty of them would take a small object past any
@@ -20,7 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Final
 
-from nodus_schema.decoding import MAX_DEPTH
+from nodus_schema.parsing import MAX_DEPTH
 
 JSON_PATCH_OPS: Final = ("add", "remove", "replace", "move", "copy", "test")
 MAX_OPERATIONS: Final = 10_000
