@@ -28,9 +28,10 @@ from nodus_gateway import bodies
 from nodus_gateway.admitting import admit, field_validation
 from nodus_gateway.authorizing import Principal, authorize, forbidden
 from nodus_gateway.principals import ID_LENGTH, PROJECTS_BUCKET, TOKENS_BUCKET, Principals, TokenRecord
+from nodus_gateway.querying import DryRunQ, FieldValidationQ, dry_run_of
 from nodus_gateway.resources import Resource, Stores
 from nodus_gateway.responding import ApiError, object_response
-from nodus_gateway.routing import DryRunQ, FieldValidationQ, admitted_response, dry_run_of
+from nodus_gateway.routing import admitted_response
 from nodus_kit import errors as kit
 from nodus_schema import API_GROUP, API_VERSION, CauseType, FieldError, ListMeta, ObjectMeta, to_builtins
 from nodus_schema.access import (

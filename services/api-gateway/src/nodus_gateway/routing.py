@@ -32,20 +32,18 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import msgspec
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from nodus_gateway import bodies
 from nodus_gateway.admitting import (
     Admitted,
-    FieldValidation,
     admit,
     admit_update,
     bind,
-    field_validation,
     with_apply_manager,
     with_generated_name,
 )
@@ -53,6 +51,19 @@ from nodus_gateway.authorizing import authorize, visible_namespaces
 from nodus_gateway.deleting import delete_object, delete_options
 from nodus_gateway.estimating import COMPUTE_KINDS, ask, estimable, estimate_for
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
+from nodus_gateway.querying import (
+    DryRunQ,
+    FieldManagerQ,
+    FieldSelectorQ,
+    ForceQ,
+    LabelSelectorQ,
+    ListQ,
+    ListQuery,
+    PropagationQ,
+    WriteOptions,
+    WriteQ,
+    dry_run_of,
+)
 from nodus_gateway.resources import RESOURCES, Resource, Stores
 from nodus_gateway.responding import ApiError, already_exists, not_found, object_response, store_errors
 from nodus_gateway.selecting import FieldSelector, parse_field_selector
@@ -86,91 +97,6 @@ APPLY_PATCH: Final = "application/apply-patch+yaml"
 # patch means for types without patch-merge keys (every list is replaced whole).
 STRATEGIC_PATCH: Final = "application/strategic-merge-patch+json"
 PATCH_TYPES: Final = (JSON_PATCH, MERGE_PATCH, APPLY_PATCH, STRATEGIC_PATCH)
-
-# Query parameters under Kubernetes' (camelCase) names.
-FieldValidationQ = Annotated[str | None, Query(alias="fieldValidation")]
-LabelSelectorQ = Annotated[str | None, Query(alias="labelSelector")]
-FieldSelectorQ = Annotated[str | None, Query(alias="fieldSelector")]
-LimitQ = Annotated[int | None, Query(ge=0)]
-ContinueQ = Annotated[str | None, Query(alias="continue")]
-WatchQ = Annotated[str | None, Query()]
-ResourceVersionQ = Annotated[str | None, Query(alias="resourceVersion")]
-TimeoutSecondsQ = Annotated[int | None, Query(alias="timeoutSeconds", ge=0)]
-BookmarksQ = Annotated[str | None, Query(alias="allowWatchBookmarks")]
-FieldManagerQ = Annotated[str | None, Query(alias="fieldManager")]
-ForceQ = Annotated[str | None, Query()]
-PropagationQ = Annotated[str | None, Query(alias="propagationPolicy")]
-DryRunQ = Annotated[str | None, Query(alias="dryRun")]
-
-
-@dataclass(frozen=True, slots=True)
-class ListQuery:
-    """The query of a list or watch, under Kubernetes' parameter names (resourceVersion is a watch's
-    starting point; a list always reads the latest state, which every resourceVersion allows)."""
-
-    label_selector: str | None
-    field_selector: str | None
-    limit: int | None
-    continue_: str | None
-    watch: str | None
-    resource_version: str | None
-    timeout_seconds: int | None
-    allow_watch_bookmarks: str | None
-
-
-# async: FastAPI runs a plain-def dependency in its thread pool, a hand-off on every request.
-async def _list_query(
-    label_selector: LabelSelectorQ = None,
-    field_selector: FieldSelectorQ = None,
-    limit: LimitQ = None,
-    continue_: ContinueQ = None,
-    watch: WatchQ = None,
-    resource_version: ResourceVersionQ = None,
-    timeout_seconds: TimeoutSecondsQ = None,
-    allow_watch_bookmarks: BookmarksQ = None,
-) -> ListQuery:
-    return ListQuery(
-        label_selector,
-        field_selector,
-        limit,
-        continue_,
-        watch,
-        resource_version,
-        timeout_seconds,
-        allow_watch_bookmarks,
-    )
-
-
-ListQ = Annotated[ListQuery, Depends(_list_query)]
-
-
-@dataclass(frozen=True, slots=True)
-class WriteOptions:
-    """What every write takes from its query: how to treat unknown fields, and whether to store."""
-
-    validation: FieldValidation
-    dry_run: bool
-
-
-def dry_run_of(value: str | None) -> bool:
-    """``dryRun=All``: admit (and answer) as for a real write, store nothing. Refused rather than
-    ignored when unknown: a client asking for a dry run must never get a real write by mistake."""
-    if value is None or value == "":
-        return False
-    if value == "All":
-        return True
-    raise ApiError.of(
-        "BadRequest",
-        f'dryRun "{value}" is not supported: the only value is "All"',
-        fix="Send dryRun=All (kubectl --dry-run=server sends it), or leave it out to write.",
-    )
-
-
-async def _write_options(field_validation_: FieldValidationQ = None, dry_run: DryRunQ = None) -> WriteOptions:
-    return WriteOptions(field_validation(field_validation_), dry_run_of(dry_run))
-
-
-WriteQ = Annotated[WriteOptions, Depends(_write_options)]
 
 
 def _check_namespace(namespace: str) -> None:
