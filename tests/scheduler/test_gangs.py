@@ -13,7 +13,7 @@ import pytest
 from nodus_scheduler.capacity import CapacityIndex
 from nodus_scheduler.cataloging import load_catalog
 from nodus_scheduler.ganging import Shape, choose_gang, gang_attempts, shape_of
-from nodus_scheduler.lifecycle import summarize_gangs
+from nodus_scheduler.ruling import summarize_gangs
 from nodus_schema.attempts import GANG_LABEL, RANK_LABEL, Attempt, AttemptSpec, AttemptStatus
 from nodus_schema.jobs import Distributed, JobSpec, Resources
 from nodus_schema.messages import StartAttempt

@@ -7,13 +7,13 @@ from typing import Any
 
 import msgspec
 
-from nodus_scheduler.lifecycle import (
-    _deadline_left,
-    _phase,
-    _queue_timeout_s,
-    _track_suspension,
+from nodus_scheduler.ruling import (
     compress,
+    deadline_left,
+    phase_of,
+    queue_timeout_s,
     summarize,
+    track_suspension,
 )
 from nodus_schema.attempts import Attempt, AttemptSpec, AttemptStatus
 from nodus_schema.jobs import Job, JobSpec, JobStatus
@@ -64,7 +64,7 @@ def test_losses_in_a_row_without_progress_count_and_progress_resets_them() -> No
 def test_an_index_that_used_up_max_attempts_fails_the_job_with_capacity_lost() -> None:
     j = job(recovery={"maxAttempts": 2})
     view = summarize([run(0, 1, "Lost", 0, 1), run(0, 2, "Lost", 2, 3)], min_progress_s=120)
-    phase, reason, message = _phase(j, view, None, 1, [], T0)
+    phase, reason, message = phase_of(j, view, None, 1, [], T0)
     assert (phase, reason) == ("Failed", "CapacityLost")
     assert "2 times in a row" in message
 
@@ -73,7 +73,7 @@ def test_customer_failures_count_across_indexes() -> None:
     j = job(completions=3, parallelism=3, backoffLimit=1)
     view = summarize([run(0, 1, "Failed"), run(1, 1, "Failed"), run(2, 1, "Succeeded")])
     assert view.failures == 2
-    assert _phase(j, view, None, 3, [], T0)[:2] == ("Failed", "BackoffLimitExceeded")
+    assert phase_of(j, view, None, 3, [], T0)[:2] == ("Failed", "BackoffLimitExceeded")
 
 
 def test_the_timeout_clock_stops_while_suspended_and_start_time_moves_on_resume() -> None:
@@ -81,34 +81,34 @@ def test_the_timeout_clock_stops_while_suspended_and_start_time_moves_on_resume(
     started = msgspec.structs.replace(j, status=JobStatus(start_time=at(0)))
     conditions: list[Condition] = []
     # Suspended at 4 minutes: the condition records when.
-    status = _track_suspension(started, started.status, conditions, T0 + timedelta(minutes=4))
+    status = track_suspension(started, started.status, conditions, T0 + timedelta(minutes=4))
     suspended = msgspec.structs.replace(
         started, status=msgspec.structs.replace(status, conditions=conditions)
     )
     # An hour later the clock still says 6 minutes are left.
-    assert _deadline_left(suspended, T0 + timedelta(hours=1)) == 6 * 60
+    assert deadline_left(suspended, T0 + timedelta(hours=1)) == 6 * 60
     resumed_job = msgspec.structs.replace(
         suspended, spec=msgspec.structs.replace(suspended.spec, state="Running")
     )
     conds = list(conditions)
     later = T0 + timedelta(hours=1)
-    resumed = _track_suspension(resumed_job, suspended.status, conds, later)
+    resumed = track_suspension(resumed_job, suspended.status, conds, later)
     # startTime moved forward by the 56 minutes spent suspended; 6 minutes are still left.
     assert resumed.start_time == format_time(T0 + timedelta(minutes=56))
     after = msgspec.structs.replace(resumed_job, status=msgspec.structs.replace(resumed, conditions=conds))
-    assert _deadline_left(after, later) == 6 * 60
+    assert deadline_left(after, later) == 6 * 60
     assert [(c.type, c.status) for c in conds] == [("Suspended", "False")]
 
 
 def test_queue_timeout_zero_waits_for_ever_and_the_default_is_a_day() -> None:
-    assert _queue_timeout_s(job(placement={"queueTimeout": "0s"})) is None
-    assert _queue_timeout_s(job()) == 24 * 3600
+    assert queue_timeout_s(job(placement={"queueTimeout": "0s"})) is None
+    assert queue_timeout_s(job()) == 24 * 3600
     j = job(placement={"queueTimeout": "1m"})
     waiting = [Condition(type="Scheduled", status="False", last_transition_time=at(0))]
     assert (
-        _phase(j, summarize([]), "0/1 nodes: 1 busy", 1, waiting, T0 + timedelta(seconds=30))[0] == "Queued"
+        phase_of(j, summarize([]), "0/1 nodes: 1 busy", 1, waiting, T0 + timedelta(seconds=30))[0] == "Queued"
     )
-    phase, reason, message = _phase(
+    phase, reason, message = phase_of(
         j, summarize([]), "0/1 nodes: 1 busy", 1, waiting, T0 + timedelta(minutes=2)
     )
     assert (phase, reason) == ("Failed", "CapacityUnavailable")

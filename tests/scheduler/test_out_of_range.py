@@ -14,8 +14,9 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.lifecycle import Lifecycle, _next_check
+from nodus_scheduler.lifecycle import Lifecycle
 from nodus_scheduler.ranging import within_ranges
+from nodus_scheduler.ruling import next_check
 from nodus_schema.defaulting import default_job
 from nodus_schema.jobs import Distributed, Job, JobSpec, JobStatus, Placement, Recovery, Resources
 from nodus_schema.meta import ObjectMeta, format_time
@@ -97,4 +98,4 @@ def test_within_ranges_clamps_what_the_lifecycle_reads_and_keeps_the_rest() -> N
 def test_the_next_check_of_a_clamped_finished_job_is_a_finite_timer() -> None:
     job = within_ranges(stored("p", "j", ttlSecondsAfterFinished=BIG))
     status = JobStatus(phase="Succeeded", completion_time=format_time(datetime.now(UTC)))
-    assert _next_check(job, status, datetime.now(UTC)) == float(MAX_INT32)
+    assert next_check(job, status, datetime.now(UTC)) == float(MAX_INT32)

@@ -11,7 +11,6 @@ import pytest
 
 from nodus_scheduler.capacity import CapacityIndex
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.lifecycle import compress
 from nodus_scheduler.placing import (
     REASONS,
     Demand,
@@ -24,6 +23,7 @@ from nodus_scheduler.placing import (
     price_book_candidates,
     rate_ceiling_of,
 )
+from nodus_scheduler.ruling import compress
 from nodus_schema.catalog import Catalog, HostShape, Offering, PriceBook, StartupBand, StartupBands, Variant
 from nodus_schema.estimating import RATE_CEILING_ANNOTATION, rate_ceiling_micros
 from nodus_schema.gpus import GPURequest

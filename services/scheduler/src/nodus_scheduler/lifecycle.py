@@ -1,5 +1,9 @@
 """The Job lifecycle, level-triggered: read the Job and its Attempts, decide, write the status.
 
+The decisions are pure functions of the Job and its Attempts (:mod:`nodus_scheduler.ruling`: what the
+Attempts say, the phase, deadlines, limits, the status), and a run's StartAttempt is built from the Job by
+:mod:`nodus_scheduler.assigning`; this module reads, asks them, and writes.
+
 Each reconcile reads the Job from the store and its Attempts from the scheduler's cache
 (:mod:`nodus_scheduler.caching`), then, in this order:
 
@@ -40,10 +44,8 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Any, Final
 
 import msgspec
@@ -53,13 +55,13 @@ from nodus_kit import messaging, tracing
 from nodus_kit.errors import NotFound, TemporaryError
 from nodus_kit.eventing import publish_event
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.assigning import start_message, with_gang
 from nodus_scheduler.binding import Binder, Choice, Demand
 from nodus_scheduler.caching import Cache, JobKey, cancel_all, job_key
 from nodus_scheduler.capacity import CapacityIndex
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.funding import FundingView
 from nodus_scheduler.ganging import (
-    ABANDON_AFTER_S,
     ASSEMBLY_TIMEOUT,
     GANG_INCOMPLETE,
     GangAttempt,
@@ -68,8 +70,29 @@ from nodus_scheduler.ganging import (
     gang_attempts,
     shape_of,
 )
-from nodus_scheduler.placing import HEARTBEAT_GRACE, NoPlacement, Placement, place_in, rate_ceiling_of
+from nodus_scheduler.placing import NoPlacement, Placement, place_in, rate_ceiling_of
 from nodus_scheduler.ranging import within_ranges
+from nodus_scheduler.ruling import (
+    REASSIGN_AFTER_S,
+    View,
+    alive,
+    as_lost,
+    assembly_exhausted,
+    continuity_of,
+    deadline_left,
+    explain_placement,
+    gang_check,
+    halt_reason,
+    interrupted_fail,
+    job_status,
+    max_attempts_of,
+    min_progress_of,
+    next_check,
+    over_backoff,
+    previous_run,
+    summarize,
+    summarize_gangs,
+)
 from nodus_schema.attempts import (
     ATTEMPT_TERMINAL,
     GANG_LABEL,
@@ -80,125 +103,29 @@ from nodus_schema.attempts import (
     AttemptPlacement,
     AttemptSpec,
     AttemptStatus,
-    OutputRecord,
     attempt_name,
     member_name,
 )
-from nodus_schema.billing import FUNDING_REASONS, Block
+from nodus_schema.billing import FUNDING_REASONS
 from nodus_schema.catalog import Catalog
-from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus, Resources, SecretMount
-from nodus_schema.messages import StartAttempt, StopAttempt
+from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
+from nodus_schema.messages import StopAttempt
 from nodus_schema.meta import (
-    Condition,
     ObjectMeta,
     OwnerReference,
-    find_condition,
-    format_time,
     now_rfc3339,
     parse_time,
-    set_condition,
 )
 from nodus_schema.nodes import Node
-from nodus_schema.quantities import parse_duration
 from nodus_schema.wire import API_VERSION
 
-__all__ = ["JOB_LABEL", "Lifecycle", "View", "compress", "summarize", "summarize_gangs"]
+__all__ = ["JOB_LABEL", "Lifecycle"]
 
 log = logging.getLogger(__name__)
-DEFAULT_BACKOFF_LIMIT: Final = 6
-DEFAULT_MAX_ATTEMPTS: Final = 3
-DEFAULT_MIN_PROGRESS_S: Final = 120.0
-RECHECK_S: Final = 10.0
-"""Even with no event, look at every unfinished Job this often (a safety net, not the trigger)."""
 SYNC_WAIT_S: Final = 10.0
 """How long a reconcile waits for the cache's first list before it is retried later."""
-REASSIGN_AFTER_S: Final = 5.0
-"""A run still Pending this long after its Attempt was created gets its assignment published again."""
 NODE_CHECK_S: Final = 2.0
 """How often the node monitor looks for nodes whose heartbeats stopped."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# What the Attempts say
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class View:
-    """What the Attempts of one Job say, index by index."""
-
-    succeeded: dict[int, Attempt] = field(default_factory=dict)
-    active: dict[int, Attempt] = field(default_factory=dict)
-    failures: int = 0  # customer failures, across all indexes (backoffLimit)
-    infra: dict[int, int] = field(default_factory=dict)  # losses in a row without progress, per index
-    lost: int = 0  # every lost run (onInterruption: Fail)
-    tries: dict[int, int] = field(default_factory=dict)  # the highest attempt number per index
-    last: dict[int, Attempt] = field(default_factory=dict)  # the latest finished run per index
-    # Gangs (a distributed Job): the entries above are per gang attempt, shown by one of its members.
-    gang: Shape | None = None
-    gangs: list[GangAttempt] = field(default_factory=list)  # every gang attempt, by index then number
-    assembly: dict[int, int] = field(default_factory=dict)  # timed-out assemblies in a row, per index
-    assembling: dict[int, tuple[int, int]] = field(default_factory=dict)  # active: (members started, size)
-
-
-def summarize(attempts: list[Attempt], min_progress_s: float = DEFAULT_MIN_PROGRESS_S) -> View:
-    v = View()
-    for a in sorted(attempts, key=lambda a: a.spec.attempt):
-        i, phase = a.spec.index, a.status.phase
-        v.tries[i] = max(v.tries.get(i, 0), a.spec.attempt)
-        if phase == "Succeeded":
-            v.succeeded[i] = a
-        elif phase == "Failed":
-            v.failures += 1
-        elif phase == "Lost":
-            v.lost += 1
-            # A run that lasted minProgressDuration made progress: the losses in a row start again.
-            v.infra[i] = 0 if _ran_for(a) >= min_progress_s else v.infra.get(i, 0) + 1
-        elif phase not in ATTEMPT_TERMINAL:
-            v.active[i] = a
-        if phase in ATTEMPT_TERMINAL:
-            v.last[i] = a
-    return v
-
-
-def summarize_gangs(
-    attempts: list[Attempt], shape: Shape, min_progress_s: float = DEFAULT_MIN_PROGRESS_S
-) -> View:
-    """:func:`summarize` for a gang Job: each gang attempt counts once, by how it ended
-    (:meth:`GangAttempt.verdict`): a failure against backoffLimit, a loss against recovery.maxAttempts
-    (forgiven when the whole gang ran minProgressDuration), a timed-out assembly against
-    maxAssemblyRetries (counted in a row: a gang that assembled starts the count again)."""
-    v = View(gang=shape)
-    for g in gang_attempts(attempts, shape.nodes):
-        i = g.index
-        v.gangs.append(g)
-        v.tries[i] = max(v.tries.get(i, 0), g.number)
-        shown = g.representative()
-        verdict = g.verdict()
-        if g.assembled:
-            v.assembly[i] = 0
-        if verdict is None:
-            v.active[i] = shown
-            v.assembling[i] = (g.started, g.size)
-            continue
-        v.last[i] = shown
-        if verdict == "Succeeded":
-            v.succeeded[i] = shown
-        elif verdict == "Failed":
-            v.failures += 1
-        elif verdict == "Lost":
-            v.lost += 1
-            v.infra[i] = 0 if g.ran_for() >= min_progress_s else v.infra.get(i, 0) + 1
-        elif verdict == ASSEMBLY_TIMEOUT:
-            v.assembly[i] = v.assembly.get(i, 0) + 1
-    return v
-
-
-def _ran_for(a: Attempt) -> float:
-    """Seconds the program ran (from its start report to the end of the run), 0 if it never started."""
-    if not a.status.start_time or not a.status.finish_time:
-        return 0.0
-    return (parse_time(a.status.finish_time) - parse_time(a.status.start_time)).total_seconds()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -296,7 +223,7 @@ class Lifecycle:
         await self.cache.synced.wait()
         while True:
             now = datetime.now(UTC)
-            dead = {name for name, node in self.cache.nodes.items() if not _alive(node, now)}
+            dead = {name for name, node in self.cache.nodes.items() if not alive(node, now)}
             for name in dead - self._not_ready:
                 await self._mark_not_ready(name)
                 for a in list(self.cache.attempts.values()):
@@ -354,35 +281,37 @@ class Lifecycle:
         if await self._mark_lost(attempts, now):
             attempts = [a for a in self.cache.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid]
         block = self.funding.blocked(job)
-        halt = _halt_reason(job, now, block)
+        halt = halt_reason(job, now, block)
         if halt:
             suspends = halt == "Suspended" or halt in FUNDING_REASONS
-            await self._stop(attempts, halt, checkpoint=suspends and _continuity(job) == "Checkpointed")
+            await self._stop(attempts, halt, checkpoint=suspends and continuity_of(job) == "Checkpointed")
         shape = shape_of(job.spec)
         if shape is None:
-            view = summarize(attempts, _min_progress_s(job))
+            view = summarize(attempts, min_progress_of(job))
         else:
             if await self._tend_gangs(job, shape, attempts, now, halted=halt is not None):
                 attempts = [
                     a for a in self.cache.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid
                 ]
-            view = summarize_gangs(attempts, shape, _min_progress_s(job))
+            view = summarize_gangs(attempts, shape, min_progress_of(job))
         await self._reassign_stuck(job, view, now)
         runs = self._wanted(job, view, halt)
         self.binder.want(key, Demand(job, runs))
-        status = self._status(job, view, self.binder.unplaced.get(key) if runs else None, now, block)
+        status = job_status(
+            job, view, self.binder.unplaced.get(key) if runs else None, now, self.catalog, block
+        )
         await self._write_status(job, status)
-        return _next_check(job, status, now, _gang_check(view, now))
+        return next_check(job, status, now, gang_check(view, now))
 
     def _wanted(self, job: Job, view: View, halt: str | None) -> list[tuple[int, int]]:
         """(index, attempt number) of the runs to start now, up to parallelism; none when halted."""
         spec = job.spec
-        if halt or _over_backoff(job, view) or _interrupted_fail(job, view):
+        if halt or over_backoff(job, view) or interrupted_fail(job, view):
             return []
-        max_attempts = _max_attempts(job)
+        max_attempts = max_attempts_of(job)
         if any(n >= max_attempts for i, n in view.infra.items() if i not in view.succeeded):
-            return []  # an index used up its replacements: the Job fails (see _phase)
-        if _assembly_exhausted(view):
+            return []  # an index used up its replacements: the Job fails (see phase_of)
+        if assembly_exhausted(view):
             return []  # an index's gang never assembled, 1 + maxAssemblyRetries times: the Job fails
         free = (spec.parallelism or 1) - len(view.active)
         todo = [i for i in range(spec.completions or 1) if i not in view.succeeded and i not in view.active]
@@ -531,7 +460,9 @@ class Lifecycle:
         )
         name = attempt_name(meta.name or "", meta.uid or "", index, attempt_no)
         return Choice(
-            self._new_attempt(job, index, attempt_no, choice, name, _explain(choice.explain, previous))
+            self._new_attempt(
+                job, index, attempt_no, choice, name, explain_placement(choice.explain, previous)
+            )
         )
 
     def _choose_gang(
@@ -642,42 +573,16 @@ class Lifecycle:
             await self._publish_start(job, attempt)
 
     async def _publish_start(self, job: Job, attempt: Attempt) -> None:
-        spec = job.spec
-        left = _deadline_left(job, datetime.now(UTC))
+        left = deadline_left(job, datetime.now(UTC))
         # The agent enforces what is left of the Job's timeout on this run (the Job's clock, not the run's).
         timeout = None if left is None else max(1, math.ceil(left))
-        continuity = _continuity(job)
+        continuity = continuity_of(job)
         gang = attempt.spec.rank is not None
-        previous = self._gang_restore(job, attempt) if gang else _previous_run(self.cache, attempt)
-        message = StartAttempt(
-            namespace=attempt.metadata.namespace or "",
-            job=job.metadata.name or "",
-            attempt=attempt.metadata.name or "",
-            index=attempt.spec.index,
-            attempt_no=attempt.spec.attempt,
-            node=attempt.spec.node,
-            image=spec.image,
-            command=list(spec.command),
-            args=list(spec.args),
-            env=list(spec.env),
-            working_dir=spec.working_dir,
-            completions=spec.completions or 1,
-            timeout_seconds=timeout,
-            continuity=continuity,
-            restore_from=previous if continuity in ("Checkpointed", "Restartable") else None,
-            job_uid=job.metadata.uid,
-            inputs=list(spec.inputs),
-            outputs=list(spec.outputs),
-            checkpoint=spec.recovery.checkpoint if spec.recovery else None,
-            resources=spec.resources if isinstance(spec.resources, Resources) else None,
-            secrets=[m if isinstance(m, SecretMount) else SecretMount(name=m) for m in spec.secrets],
-            sidecars=list(spec.sidecars),
-            init_command=spec.init_command,
-            network=spec.network,
-            image_pull_secrets=list(spec.image_pull_secrets),
-        )
+        previous = self._gang_restore(job, attempt) if gang else previous_run(self.cache, attempt)
+        restore = previous if continuity in ("Checkpointed", "Restartable") else None
+        message = start_message(job, attempt, timeout=timeout, continuity=continuity, restore_from=restore)
         if gang:
-            message = self._with_gang(job, attempt, message)
+            message = with_gang(job, attempt, message, self.catalog)
         await messaging.publish(
             self.js,
             f"nodus.assign.{attempt.spec.node}",
@@ -700,27 +605,6 @@ class Lifecycle:
                 f"index {attempt.spec.index} run {attempt.spec.attempt} placed on {attempt.spec.node} "
                 f"({attempt.spec.offering})",
             )
-
-    def _with_gang(self, job: Job, attempt: Attempt, message: StartAttempt) -> StartAttempt:
-        """The launcher's view of the gang: ranks, sizes, the master's address and port (ADR-0016)."""
-        spec = attempt.spec
-        shape = shape_of(job.spec) or Shape(nodes=spec.gang_size or 1, gpus_per_node=None)
-        offering = catalog_for(job, self.catalog).offering(spec.offering)
-        per_node = shape.gpus_per_node or (offering.gpus_per_node if offering is not None else None) or 1
-        nodes = spec.gang_size or shape.nodes
-        rank = spec.rank or 0
-        return msgspec.structs.replace(
-            message,
-            gang=attempt.metadata.labels.get(GANG_LABEL),
-            node_rank=rank,
-            nodes=nodes,
-            gpus_per_node=per_node,
-            rank=rank * per_node,
-            world_size=nodes * per_node,
-            master_addr=spec.master_node,
-            master_port=shape.master_port,
-            launcher=shape.launcher,
-        )
 
     async def _stop(self, attempts: list[Attempt], reason: str, *, checkpoint: bool = False) -> None:
         for a in attempts:
@@ -747,10 +631,10 @@ class Lifecycle:
             if a.status.phase in ATTEMPT_TERMINAL:
                 continue
             node = self.cache.nodes.get(a.spec.node)
-            if node is not None and _alive(node, now):
+            if node is not None and alive(node, now):
                 continue
             try:
-                lost = await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", _lost)
+                lost = await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", as_lost)
             except NotFound:
                 continue
             self.cache.apply(lost)
@@ -781,72 +665,6 @@ class Lifecycle:
         return None
 
     # -- status --------------------------------------------------------------------------------------
-    def _status(
-        self, job: Job, view: View, unplaced: str | None, now: datetime, block: Block | None = None
-    ) -> JobStatus:
-        spec, old = job.spec, job.status
-        completions = spec.completions or 1
-        conditions = [msgspec.structs.replace(c) for c in old.conditions]  # set_condition changes in place
-        status = msgspec.structs.replace(
-            old,
-            active=len(view.active),
-            succeeded=len(view.succeeded),
-            failed=view.failures,
-            attempts=sum(view.tries.values()),
-            completed_indexes=compress(sorted(view.succeeded)) or None,
-            observed_generation=job.metadata.generation,
-        )
-        status = pin_pricebook(status, self.catalog)  # placed and priced at this version from now on
-        if view.gang is not None and not status.topology and view.gangs:
-            # "<nodes>x<gpusPerNode>", once the gang is placed (unless resolved at admission).
-            placed = view.gangs[0].ranked[0].spec.offering
-            offering = catalog_for(job, self.catalog).offering(placed)
-            status = msgspec.structs.replace(
-                status, topology=view.gang.topology(offering.gpus_per_node if offering else None)
-            )
-        if view.tries and not status.start_time:
-            status = msgspec.structs.replace(status, start_time=format_time(now))
-        status = _track_suspension(job, status, conditions, now, block)
-        phase, reason, message = _phase(job, view, unplaced, completions, conditions, now, block)
-        if phase in TERMINAL_PHASES:
-            wall, units = _measures(list(view.succeeded.values()))
-            status = msgspec.structs.replace(
-                status,
-                completion_time=old.completion_time or format_time(now),
-                wall_seconds=wall,
-                units_per_second=units,
-                outputs=_outputs(view.succeeded),
-            )
-        stamp = format_time(now)
-        gen = job.metadata.generation
-        scheduled = "True" if view.active or view.succeeded or phase in TERMINAL_PHASES else "False"
-        set_condition(
-            conditions,
-            Condition(
-                type="Scheduled",
-                status=scheduled,
-                reason="Placed" if scheduled == "True" else "Unschedulable" if unplaced else "Waiting",
-                message=None if scheduled == "True" else unplaced or "waiting for capacity",
-                observed_generation=gen,
-            ),
-            now=stamp,
-        )
-        if phase not in ("Queued", "Pending"):
-            set_condition(
-                conditions,
-                Condition(
-                    type="Complete" if phase == "Succeeded" else "Failed" if phase == "Failed" else "Running",
-                    status="True",
-                    reason=reason or phase,
-                    message=message,
-                    observed_generation=gen,
-                ),
-                now=stamp,
-            )
-        return msgspec.structs.replace(
-            status, phase=phase, reason=reason, message=message, conditions=conditions
-        )
-
     async def _write_status(self, job: Job, status: JobStatus) -> None:
         old = job.status
         if (old.phase, old.reason) != (status.phase, status.reason):
@@ -876,310 +694,3 @@ class Lifecycle:
 
         with contextlib.suppress(NotFound):
             await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Rules (pure)
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _alive(node: Node, now: datetime) -> bool:
-    """Whether the node's agent is there: it beat within the grace. (Its phase says whether it takes new
-    work; a node that is draining or cordoned still runs what it has.)"""
-    beat = node.status.last_heartbeat_time
-    return beat is not None and now - parse_time(beat) <= HEARTBEAT_GRACE
-
-
-def _continuity(job: Job) -> str:
-    r = job.spec.recovery
-    return (r.continuity if r else None) or "Checkpointed"
-
-
-def _max_attempts(job: Job) -> int:
-    r = job.spec.recovery
-    return (r.max_attempts if r else None) or DEFAULT_MAX_ATTEMPTS
-
-
-def _min_progress_s(job: Job) -> float:
-    r = job.spec.recovery
-    text = r.min_progress_duration if r else None
-    return parse_duration(text).total_seconds() if text else DEFAULT_MIN_PROGRESS_S
-
-
-def _backoff_limit(job: Job) -> int:
-    return job.spec.backoff_limit if job.spec.backoff_limit is not None else DEFAULT_BACKOFF_LIMIT
-
-
-def _over_backoff(job: Job, view: View) -> bool:
-    return view.failures > _backoff_limit(job)
-
-
-def _interrupted_fail(job: Job, view: View) -> bool:
-    r = job.spec.recovery
-    return bool(view.lost) and r is not None and r.on_interruption == "Fail"
-
-
-def _suspended_since(conditions: list[Condition]) -> datetime | None:
-    c = find_condition(conditions, "Suspended")
-    return parse_time(c.last_transition_time) if c and c.status == "True" and c.last_transition_time else None
-
-
-def _deadline_left(job: Job, now: datetime) -> float | None:
-    """Seconds left of spec.timeout: counted from status.startTime, frozen while Suspended."""
-    if not job.spec.timeout:
-        return None
-    total = parse_duration(job.spec.timeout).total_seconds()
-    if not job.status.start_time:
-        return total
-    until = _suspended_since(job.status.conditions) or now
-    return total - (until - parse_time(job.status.start_time)).total_seconds()
-
-
-def _halt_reason(job: Job, now: datetime, block: Block | None = None) -> str | None:
-    if job.spec.state in ("Cancelled", "Suspended"):
-        return job.spec.state
-    if block is not None:
-        return block.reason  # billing will not fund it: suspended (with a checkpoint) until it will
-    left = _deadline_left(job, now)
-    return "DeadlineExceeded" if left is not None and left <= 0 else None
-
-
-def _track_suspension(
-    job: Job, status: JobStatus, conditions: list[Condition], now: datetime, block: Block | None = None
-) -> JobStatus:
-    """The Suspended condition, and on resume startTime moved forward by the time spent suspended (so the
-    timeout does not count it: Kubernetes resets startTime on resume for the same reason). Billing's block
-    (MaxCostReached, ...) suspends as spec.state Suspended does, with billing's reason."""
-    since = _suspended_since(conditions)
-    stamp = format_time(now)
-    if job.spec.state == "Suspended" or (block is not None and job.spec.state != "Cancelled"):
-        reason, message = (
-            ("Suspended", "spec.state is Suspended")
-            if block is None
-            else (
-                block.reason,
-                f"{block.message}. {block.fix}",
-            )
-        )
-        current = find_condition(conditions, "Suspended")
-        if since is None or (current is not None and current.reason != reason):
-            set_condition(
-                conditions,
-                Condition(type="Suspended", status="True", reason=reason, message=message),
-                now=stamp,
-            )
-        return status
-    if since is not None:
-        set_condition(
-            conditions,
-            Condition(type="Suspended", status="False", reason="Resumed", message="the Job runs again"),
-            now=stamp,
-        )
-        if status.start_time:
-            moved = parse_time(status.start_time) + (now - since)
-            status = msgspec.structs.replace(status, start_time=format_time(moved))
-    return status
-
-
-def _queue_waited(conditions: list[Condition], job: Job, now: datetime) -> float:
-    c = find_condition(conditions, "Scheduled")
-    since = c.last_transition_time if c is not None and c.status == "False" else None
-    start = since or job.metadata.creation_timestamp
-    return (now - parse_time(start)).total_seconds() if start else 0.0
-
-
-def _queue_timeout_s(job: Job) -> float | None:
-    text = job.spec.placement.queue_timeout if job.spec.placement else None
-    seconds = parse_duration(text or "24h").total_seconds()
-    return None if seconds == 0 else seconds  # 0s waits for ever
-
-
-def _phase(
-    job: Job,
-    view: View,
-    unplaced: str | None,
-    completions: int,
-    conditions: list[Condition],
-    now: datetime,
-    block: Block | None = None,
-) -> tuple[str, str | None, str]:
-    spec, active = job.spec, len(view.active)
-    if spec.state == "Cancelled":
-        if not active:
-            return "Cancelled", "Cancelled", "the Job was cancelled"
-        return "Running", "Cancelling", f"the Job was cancelled; stopping {active} runs"
-    if _halt_reason(job, now) == "DeadlineExceeded":
-        if not active:
-            return "Failed", "DeadlineExceeded", f"the Job ran past its timeout of {spec.timeout}"
-        return "Running", "DeadlineExceeded", f"past its timeout of {spec.timeout}; stopping {active} runs"
-    if _over_backoff(job, view) and not active:
-        return (
-            "Failed",
-            "BackoffLimitExceeded",
-            f"{view.failures} failed runs exceeded backoffLimit {_backoff_limit(job)}; "
-            "see the attempts' exit codes",
-        )
-    if len(view.succeeded) >= completions:
-        return "Succeeded", "Completed", f"{completions}/{completions} indexes succeeded"
-    if _interrupted_fail(job, view) and not active:
-        return "Failed", "CapacityLost", "a run lost its capacity and recovery.onInterruption is Fail"
-    gang = view.gang
-    if gang is not None and _assembly_exhausted(view) and not active:
-        i = next(i for i, n in sorted(view.assembly.items()) if n > gang.max_assembly_retries)
-        return (
-            "Failed",
-            "AssemblyTimeout",
-            f"index {i}'s gang of {gang.nodes} nodes did not assemble within startupTimeout "
-            f"{gang.startup_timeout}, {view.assembly[i]} times in a row "
-            f"(1 + maxAssemblyRetries {gang.max_assembly_retries})",
-        )
-    max_attempts = _max_attempts(job)
-    exhausted = [i for i, n in view.infra.items() if n >= max_attempts and i not in view.succeeded]
-    if exhausted and not active:
-        what = (
-            f"index {exhausted[0]}'s gang lost a member"
-            if gang is not None
-            else f"index {exhausted[0]} lost its capacity"
-        )
-        return (
-            "Failed",
-            "CapacityLost",
-            f"{what} {max_attempts} times in a row (recovery.maxAttempts)",
-        )
-    if spec.state == "Suspended":
-        if not active:
-            return "Suspended", "Suspended", "the Job is suspended"
-        return "Running", "Suspended", f"suspending: stopping {active} runs"
-    if block is not None:
-        if not active:
-            return "Suspended", block.reason, f"{block.message}. {block.fix}"
-        return "Running", block.reason, f"suspending: stopping {active} runs: {block.message}"
-    if any(a.status.phase == "Running" for a in view.active.values()):
-        return "Running", None, f"{active} running, {len(view.succeeded)}/{completions} succeeded"
-    if active:
-        if gang is not None:
-            started = sum(n for n, _ in view.assembling.values())
-            size = sum(n for _, n in view.assembling.values())
-            return (
-                "Provisioning",
-                None,
-                f"{'a gang' if active == 1 else f'{active} gangs'} of {gang.nodes} assembling: "
-                f"{started}/{size} members started",
-            )
-        return "Provisioning", None, f"{active} starting"
-    limit = _queue_timeout_s(job)
-    waited = _queue_waited(conditions, job, now)
-    if limit is not None and waited >= limit:
-        why = f": {unplaced}" if unplaced else ""
-        wait = job.spec.placement.queue_timeout if job.spec.placement else None
-        return "Failed", "CapacityUnavailable", f"no capacity within queueTimeout {wait or '24h'}{why}"
-    return "Queued", "Unschedulable" if unplaced else None, unplaced or "waiting for capacity"
-
-
-def _next_check(job: Job, status: JobStatus, now: datetime, gang: float | None = None) -> float | None:
-    """When to look again without an event: a deadline, a queue timeout, a TTL, a gang's assembly budget,
-    else the safety net."""
-    if status.phase in TERMINAL_PHASES:
-        ttl = job.spec.ttl_seconds_after_finished
-        return float(ttl) if ttl is not None else None
-    checks = [RECHECK_S]
-    if gang is not None:
-        checks.append(max(gang, 0.05))
-    left = _deadline_left(msgspec.structs.replace(job, status=status), now)
-    if left is not None:
-        checks.append(max(left, 0.05))
-    limit = _queue_timeout_s(job)
-    if status.phase == "Queued" and limit is not None:
-        checks.append(max(limit - _queue_waited(status.conditions, job, now), 0.05))
-    return min(checks)
-
-
-def _assembly_exhausted(view: View) -> bool:
-    """An index's gang timed out assembling 1 + maxAssemblyRetries times in a row."""
-    gang = view.gang
-    return gang is not None and any(
-        n > gang.max_assembly_retries for i, n in view.assembly.items() if i not in view.succeeded
-    )
-
-
-def _gang_check(view: View, now: datetime) -> float | None:
-    """Seconds until a gang attempt of the view must be judged again without an event: the end of an
-    assembly's budget, or the moment an incomplete gang attempt is abandoned."""
-    shape = view.gang
-    if shape is None:
-        return None
-    times: list[datetime] = []
-    for g in view.gangs:
-        created = g.created
-        if not g.active or created is None:
-            continue
-        if not g.complete:
-            times.append(created + timedelta(seconds=ABANDON_AFTER_S))
-        elif any(a.status.phase == "Pending" for a in g.members.values()):
-            deadline = g.deadline(shape)
-            if deadline is not None:
-                times.append(deadline)
-            times.append(created + timedelta(seconds=REASSIGN_AFTER_S))
-    return min((t - now).total_seconds() for t in times) if times else None
-
-
-def _lost(a: Attempt) -> Attempt | None:
-    if a.status.phase in ATTEMPT_TERMINAL:
-        return None
-    return msgspec.structs.replace(
-        a,
-        status=msgspec.structs.replace(
-            a.status,
-            phase="Lost",
-            reason="NodeLost",
-            finish_time=now_rfc3339(),
-            message=f"node {a.spec.node} stopped heartbeating",
-        ),
-    )
-
-
-def _previous_run(cache: Cache, attempt: Attempt) -> str | None:
-    """The run this one continues: the index's previous Attempt, if it ever started."""
-    if attempt.spec.attempt <= 1:
-        return None
-    meta = attempt.metadata
-    name = (meta.name or "").rsplit("-a", 1)[0] + f"-a{attempt.spec.attempt - 1}"
-    prev = cache.attempts.get((meta.namespace or "", name))
-    return name if prev is not None and prev.status.start_time else None
-
-
-def _explain(why: str, previous: Attempt | None) -> str:
-    if previous is not None:
-        why += f"; replaces {previous.metadata.name} ({previous.status.reason or previous.status.phase})"
-    return why
-
-
-def _measures(succeeded: list[Attempt]) -> tuple[int | None, str | None]:
-    """Wall seconds (the longest index: they run side by side) and mean throughput of the indexes."""
-    walls = [a.status.wall_millis for a in succeeded if a.status.wall_millis is not None]
-    units = [Decimal(a.status.units_per_second) for a in succeeded if a.status.units_per_second]
-    wall = (max(walls) + 500) // 1000 if walls else None
-    mean = str((sum(units, Decimal(0)) / len(units)).normalize()) if units else None
-    return wall, mean
-
-
-def _outputs(succeeded: Mapping[int, Attempt]) -> list[OutputRecord]:
-    """Every output the indexes committed, by index then as each Attempt listed them."""
-    return [o for _, a in sorted(succeeded.items()) for o in a.status.outputs]
-
-
-def compress(indexes: list[int]) -> str:
-    """Kubernetes' completedIndexes form: [0,1,2,3,5] -> "0-3,5"."""
-    out: list[str] = []
-    start = prev = None
-    for i in indexes:
-        if start is None:
-            start = prev = i
-        elif prev is not None and i == prev + 1:
-            prev = i
-        else:
-            out.append(f"{start}-{prev}" if start != prev else str(start))
-            start = prev = i
-    if start is not None:
-        out.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(out)
