@@ -15,7 +15,7 @@ import base64
 import logging
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,27 +54,7 @@ from nodus_schema.noding import (
     secrets_subject,
 )
 from nodus_testing.binding import bind_attempt, finish
-from nodus_testing.natsserver import NatsServer
 from nodus_testing.waiting import eventually
-
-NODES = ("n1", "n2")
-
-
-@pytest.fixture(scope="module")
-def creds(tmp_path_factory: pytest.TempPathFactory) -> Generated:
-    return permitting.generate(tmp_path_factory.mktemp("creds"), NODES)
-
-
-@pytest.fixture(scope="module")
-def server(creds: Generated) -> Iterator[NatsServer]:
-    with NatsServer(tie_to_parent=True, extra_config=creds.accounts.read_text()) as s:
-        yield s
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def url(server: NatsServer, creds: Generated) -> str:
-    await permitting.declare(server.url, creds.seed("admin"))
-    return server.url
 
 
 @dataclass
@@ -93,9 +73,11 @@ class World:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def world(url: str, creds: Generated) -> AsyncIterator[World]:
+async def world(declared: str, creds: Generated) -> AsyncIterator[World]:
     users = ("gateway", "scheduler", "agent-n1", "agent-n2", "operator")
-    conns = {u: await connect(url, f"{u}-{uuid.uuid4().hex[:6]}", nkey_seed=creds.seed(u)) for u in users}
+    conns = {
+        u: await connect(declared, f"{u}-{uuid.uuid4().hex[:6]}", nkey_seed=creds.seed(u)) for u in users
+    }
     gw = conns["gateway"]
     endpoints = await serve_nodes(gw, stores_for(gw))
     project = f"p{uuid.uuid4().hex[:8]}"
@@ -124,7 +106,7 @@ async def world(url: str, creds: Generated) -> AsyncIterator[World]:
     attempt = f"train-{(job.metadata.uid or '')[:8]}-0-a1"
     await bind_attempt(conns["scheduler"], project, attempt, job, "n1")
     try:
-        yield World(url, creds, conns, project, job, attempt)
+        yield World(declared, creds, conns, project, job, attempt)
     finally:
         for sub in endpoints:
             await sub.unsubscribe()
@@ -138,14 +120,18 @@ async def ask_secrets(nc: NATS, node: str, project: str, attempt: str) -> RunSec
 
 
 # -- who may connect -----------------------------------------------------------------------------------
-async def test_an_anonymous_client_and_an_unknown_key_are_refused(url: str, tmp_path: Path) -> None:
+async def test_an_anonymous_client_and_an_unknown_key_are_refused(declared: str, tmp_path: Path) -> None:
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-        await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+        await nats.connect(declared, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
     stranger = tmp_path / "stranger.nk"
     stranger.write_bytes(permitting.new_seed())
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
         await nats.connect(
-            url, nkeys_seed=str(stranger), allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2
+            declared,
+            nkeys_seed=str(stranger),
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=2,
         )
 
 

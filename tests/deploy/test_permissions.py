@@ -38,10 +38,10 @@ from nodus_schema.billing import ACCOUNT_SUBJECT, FUNDING_BUCKET, GRANT_SUBJECT,
 from nodus_schema.estimating import ESTIMATE_SUBJECT, QUOTE_SUBJECT
 from nodus_schema.meta import ObjectMeta
 from nodus_testing.localstack import Stack, agent
-from nodus_testing.natsserver import NatsServer
 from nodus_testing.waiting import eventually
 
-NODES = ("n1", "n2")
+from .conftest import NODES
+
 USERS = ("gateway", "sweeps", "scheduler", "billing", "agent-n1", "agent-n2", "fleet", "operator", "admin")
 BUCKETS = tuple(b.name for b in declaring.BUCKETS)
 STREAMS = tuple(s.name for s in declaring.STREAMS)
@@ -294,24 +294,6 @@ class Violations(logging.Handler):
 
     def of(self, name: str) -> set[tuple[str, str]]:
         return self.seen.get(name, set())
-
-
-@pytest.fixture(scope="module")
-def creds(tmp_path_factory: pytest.TempPathFactory) -> Generated:
-    return permitting.generate(tmp_path_factory.mktemp("creds"), NODES)
-
-
-@pytest.fixture(scope="module")
-def server(creds: Generated) -> Iterator[NatsServer]:
-    with NatsServer(tie_to_parent=True, extra_config=creds.accounts.read_text()) as s:
-        yield s
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def declared(server: NatsServer, creds: Generated) -> str:
-    """Every stream and bucket, declared by the admin credential (the bootstrap), as deployments do."""
-    await permitting.declare(server.url, creds.seed("admin"))
-    return server.url
 
 
 @pytest.fixture
