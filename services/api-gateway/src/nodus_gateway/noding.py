@@ -104,7 +104,7 @@ class NodeAccess:
         for folder in req.folders:
             try:
                 job: Job | None = await self.jobs.get(folder.namespace, folder.name)
-            except (errors.NotFound, errors.Invalid):
+            except (errors.NotFound, errors.Invalid, ValueError):  # a name no key can have: no Job
                 job = None
             out.expired.append(expired(job, folder.uid8, now))
         return out
