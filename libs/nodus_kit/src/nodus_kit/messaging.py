@@ -277,23 +277,32 @@ async def serve_subject(
 
     async def handle(msg: Msg) -> None:
         token = tracing.set_request_id((msg.headers or {}).get(tracing.REQUEST_ID))
+        # A request received before the connection moved to another server cannot be answered: the new
+        # server never delivered it, so a credential's allow_responses right for its reply is not there
+        # (a permissions violation), and the asker has given up or asks again anyway.
+        received_on = nc.stats["reconnects"]
         try:
             with tracing.tracer.start_as_current_span(
                 f"serve {subject}", context=tracing.extract(msg.headers)
             ):
                 reply = await handler(decoder.decode(msg.data), msg.subject)
-            await msg.respond(_encoder.encode(reply))
-            measuring.served(subject, "ok")
+            outcome, body, failed = "ok", _encoder.encode(reply), False
         except msgspec.DecodeError as e:
-            await _respond_error(msg, "BadRequest", f"request does not decode: {e}")
-            measuring.served(subject, "BadRequest")
+            outcome, body, failed = "BadRequest", f"request does not decode: {e}".encode(), True
         except errors.NodusError as e:
-            await _respond_error(msg, e.reason, str(e))
-            measuring.served(subject, e.reason)
+            outcome, body, failed = e.reason, str(e).encode(), True
         except Exception as e:
             log.exception("endpoint failed", extra={"subject": subject})
-            await _respond_error(msg, "InternalError", f"{type(e).__name__}: {e}")
-            measuring.served(subject, "InternalError")
+            outcome, body, failed = "InternalError", f"{type(e).__name__}: {e}".encode(), True
+        try:
+            if nc.stats["reconnects"] != received_on:
+                log.info("not answering a request received before a reconnect", extra={"subject": subject})
+                outcome = "Unanswered"
+            elif not failed:
+                await msg.respond(body)
+            elif msg.reply:
+                await nc.publish(msg.reply, body, headers={ERROR_HEADER: outcome})
+            measuring.served(subject, outcome)
         finally:
             tracing._request_id.reset(token)
 
@@ -315,8 +324,3 @@ async def serve_subject(
         task.add_done_callback(running.discard)
 
     return await nc.subscribe(subject, queue=queue, cb=on_msg)
-
-
-async def _respond_error(msg: Msg, reason: str, message: str) -> None:
-    if msg.reply:
-        await msg._client.publish(msg.reply, message.encode(), headers={ERROR_HEADER: reason})
