@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -89,8 +90,9 @@ class Proc:
             raise AssertionError(f"{self.name} exited with {self.popen.returncode}:\n{self.tail()}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health}/readyz", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
+                # Ours, not another process that holds a port handed out twice.
+                return bool(r.status == 200 and json.loads(r.read()).get("replica") == self.name)
+        except (OSError, ValueError):
             return False
 
     def kill(self) -> None:

@@ -781,8 +781,10 @@ async def test_the_stack_runs_a_job_with_every_process_on_its_own_credential(tmp
             assert account.status_code == 200, account.text
     finally:
         stack.stop()
+        logs = {p.name: p.read_text() for p in (stack.root / "logs").glob("*.log")}
+        for name, text in sorted(logs.items()):  # shown by pytest only if the test fails
+            print(f"--- {name} (last lines)", *text.splitlines()[-15:], sep="\n")
     assert job["status"]["phase"] == "Succeeded"
-    logs = {p.name: p.read_text() for p in (stack.root / "logs").glob("*.log")}
     assert set(logs) == {
         "gateway.log",
         "sweeps.log",

@@ -66,6 +66,7 @@ async def test_each_service_starts_reports_ready_and_stops_on_sigterm(
         "NODUS_ADMIN_TOKEN": "test-token",
         "NODUS_GATEWAY_PORT": str(free_port()),
         "NODUS_AGENT_WORKDIR": str(tmp_path / "agent"),
+        "NODUS_REPLICA": f"{module}-under-test",
     }
     # A real process, as production runs it; Popen returns at once (it does not wait). Its logs go to a
     # file, not a pipe: on the session's busy server a service logs more than a pipe holds, and a
@@ -80,7 +81,14 @@ async def test_each_service_starts_reports_ready_and_stops_on_sigterm(
                 status, body = await _http_get(port, "/readyz")
             except OSError:
                 return False
-            return status == 200 and body["status"] == "ok" and body["checks"]["nats"] is True
+            # The answer names the replica, so a supervisor can tell its process from one that holds a
+            # port handed out twice.
+            return (
+                status == 200
+                and body["status"] == "ok"
+                and body["checks"]["nats"] is True
+                and body["replica"] == f"{module}-under-test"
+            )
 
         await eventually(ready, deadline_s=20, message=f"{module} never became ready")
         proc.send_signal(signal.SIGTERM)

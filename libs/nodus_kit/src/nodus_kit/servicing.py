@@ -113,8 +113,10 @@ class HealthServer:
     nodus_kit.measuring): a tiny HTTP server on asyncio,
     so no web framework is needed in services that have no HTTP API of their own."""
 
-    def __init__(self, host: str, port: int, checks: dict[str, Check]) -> None:
-        self.host, self.port, self.checks = host, port, checks
+    def __init__(self, host: str, port: int, checks: dict[str, Check], replica: str = "") -> None:
+        """``replica`` is named in every answer, so a supervisor that chose the port can tell this process
+        from another that happens to hold it (a leftover of an earlier run, or a port handed out twice)."""
+        self.host, self.port, self.checks, self.replica = host, port, checks, replica
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -141,7 +143,9 @@ class HealthServer:
                     except Exception:
                         results[name] = False
             ok = all(results.values()) and path.split("?")[0] in ("/healthz", "/readyz")
-            body = json.dumps({"status": "ok" if ok else "fail", "checks": results}).encode()
+            body = json.dumps(
+                {"status": "ok" if ok else "fail", "checks": results, "replica": self.replica}
+            ).encode()
             status = (
                 "200 OK"
                 if ok
@@ -226,7 +230,9 @@ class Service:
             await declaring.ensure(self.nc.jetstream(), replicas=replicas, lower=configured is not None)
         else:  # a credential may not declare: the admin bootstrap did (permitting.py, ADR-0026)
             await permitting.await_declared(self.nc.jetstream(), self.name)
-        self.health = HealthServer(self.settings.health_host, self.settings.health_port, self.checks())
+        self.health = HealthServer(
+            self.settings.health_host, self.settings.health_port, self.checks(), self.settings.replica
+        )
         port = await self.health.start()
         await self.start()
         tune_gc()

@@ -203,7 +203,7 @@ class Stack:
         waiting = {p.name: p for p in self.procs}
         while waiting and time.monotonic() < end:
             for name, p in list(waiting.items()):
-                if _ready(p.health_port):
+                if _ready(p.health_port, p.name):
                     del waiting[name]
                 elif p.pid is not None and not _alive(p.pid):
                     raise RuntimeError(f"{name} exited at start; see {self.root / 'logs' / (name + '.log')}")
@@ -246,7 +246,9 @@ class Stack:
         if state["s3"]:
             rows.append(("s3", str(state["s3"]["pid"]), "up" if _alive(state["s3"]["pid"]) else "DOWN"))
         for p in state["procs"]:
-            rows.append((p["name"], str(p["pid"]), "ready" if _ready(p["health"]) else "NOT READY"))
+            rows.append(
+                (p["name"], str(p["pid"]), "ready" if _ready(p["health"], p["name"]) else "NOT READY")
+            )
         return rows
 
 
@@ -279,11 +281,17 @@ def _shell_path(path: Path) -> str:
         return str(path)
 
 
-def _ready(port: int) -> bool:
+def _ready(port: int, replica: str | None = None) -> bool:
+    """The process on ``port`` is ready, and (given ``replica``) it is the one we started under that name:
+    a port handed out twice, or held by a leftover of an earlier stack, must not pass for ours."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-            return bool(r.status == 200)
-    except OSError:
+            if r.status != 200:
+                return False
+            if replica is None:
+                return True
+            return bool(json.loads(r.read() or b"{}").get("replica") == replica)
+    except (OSError, ValueError):
         return False
 
 
