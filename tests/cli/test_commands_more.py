@@ -213,6 +213,11 @@ async def test_get_wide_and_name_outputs(nodus: Cli, nc: NATS, tmp_path: Path, u
     assert row.split()[:5] == [f"{unique}-node", "Ready", "l4-x1-eu", "eu", "1/1"]
     code, out, _ = await nodus("describe", "node", f"{unique}-node")
     assert code == 0 and yaml.safe_load(out)["spec"]["offering"] == "l4-x1-eu"  # no view: the YAML
+    # The cluster admin removes the record of an agent gone for good (the CLI's token is the admin's).
+    code, out, _ = await nodus("delete", "node", f"{unique}-node")
+    assert (code, out) == (0, f"node.nodus.dev/{unique}-node deleted\n")
+    code, _, err = await nodus("get", "node", f"{unique}-node")
+    assert code != 0 and "not found" in err
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -290,8 +295,9 @@ async def test_estimate_prints_cost_rate_startup_and_holds(
     assert fields["cost"].startswith("p50 $6.079667  p90 $")
     assert fields["rate"] == "$2.99/h on h100-sxm-80g-x1-us (us, on-demand)"
     assert fields["startup"] == "cold p50 2m0s  p90 5m0s; warm p50 10s  p90 30s"
-    assert fields["hold"].startswith("$2.99  (first hold")
-    assert fields["concurrent"].startswith("$")
+    # The first hold: billing's ten-minute window at 2.99 $/h (0.4983333…, rounded up); one index at once.
+    assert fields["hold"].startswith("$0.498334  (first hold")
+    assert fields["concurrent"].startswith("$0.498334  (")
     assert fields["price book"].startswith("2026-11-30.1  (valid until ")
     assert "BalanceNotChecked" in out  # warnings are listed
     # Nothing was created.

@@ -6,6 +6,7 @@ are served in-process on the real subjects, over the session's real NATS."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from nats.aio.client import Client as NATS
 from nodus_billing.books import Books
 from nodus_billing.holding import Grant, PutBudget
 from nodus_billing.quoting import serve_quotes
+from nodus_billing.standing import month_of
 from nodus_gateway import estimating
 from nodus_scheduler.cataloging import load_catalog
 from nodus_scheduler.estimating import serve_estimates
@@ -103,7 +105,8 @@ async def test_a_dry_run_answers_the_estimate_and_its_etag_and_stores_nothing(
     assert (obj["spec"]["backoffLimit"], obj["spec"]["placement"]["queueTimeout"]) == (6, "24h")  # defaulted
     e = obj["status"]["estimate"]
     assert (e["rateUSDPerHour"], e["pricebookVersion"]) == ("2.99", PRICEBOOK)
-    assert (e["costUSD"]["p50"], e["holdUSD"]) == ("6.079667", "2.99")
+    # The first hold is billing's ten-minute window at 2.99 $/h (0.4983333…, rounded up), not the run's.
+    assert (e["costUSD"]["p50"], e["holdUSD"]) == ("6.079667", "0.498334")
     assert e["validUntil"] and "blockingReasons" not in e
     assert "BalanceNotChecked" in [w["code"] for w in e["warnings"]]
     # The ETag is the estimate's, over the spec as it would be stored (defaulted).
@@ -127,8 +130,8 @@ async def test_a_dry_run_of_a_sweep_prices_its_cells(
     explain = e["placementPreview"]["explain"]
     assert explain.startswith("H100:1: h100-sxm-80g-x1-us") and "; L4:1: l4-x1-us" in explain  # every group
     assert resp.headers["etag"].startswith('"e1:2990000:')
-    # Two cells of each group at once (maxParallel 2), each held min(p90 45m + boot 5m, 1h): the two H100s.
-    assert (e["holdUSD"], e["concurrentHoldUSD"]) == ("2.491667", "4.983334")
+    # Two cells at once (maxParallel 2), each held ten minutes at its rate: the two dearest, the H100s.
+    assert (e["holdUSD"], e["concurrentHoldUSD"]) == ("0.498334", "0.996668")
     failure(await api.get(sweeps(unique, "lr")), 404, "NotFound")
 
 
@@ -147,13 +150,35 @@ async def test_blocking_reasons_are_the_dry_runs_answer_and_refuse_the_create(
     failure(await api.get(jobs(unique, "b200")), 404, "NotFound")
 
 
-async def test_a_cap_below_the_first_hold_refuses_the_create(
+async def test_a_cap_below_the_first_hold_is_the_hold_and_admits_the_create(
     api: httpx.AsyncClient, unique: str, endpoints: None
 ) -> None:
+    # A cap is a ceiling (ADR-0023): 0.25 is below the ten-minute first hold (0.498334) and runs.
+    resp = await api.post(jobs(unique), json=job_body("capped", maxCostUSD="0.25"))
+    assert resp.status_code == 201, resp.text
+    e = resp.json()["status"]["estimate"]
+    assert "blockingReasons" not in e
+    assert (e["holdUSD"], e["concurrentHoldUSD"]) == ("0.25", "0.25")
+    assert "MaxCostLimitsHold" in [w["code"] for w in e["warnings"]]
+    assert (await api.get(jobs(unique, "capped"))).status_code == 200
+
+
+async def test_a_cap_below_the_minimum_charge_refuses_the_create(
+    api: httpx.AsyncClient, unique: str, endpoints: None
+) -> None:
+    # One billing increment at 2.99 $/h: 1 s is 0.000830555… -> 0.000831.
     body = failure(
-        await api.post(jobs(unique), json=job_body("capped", maxCostUSD="1.00")), 403, "MaxCostReached"
+        await api.post(jobs(unique), json=job_body("capped", maxCostUSD="0.0008")), 403, "MaxCostReached"
     )
-    assert body["message"].startswith("spec.maxCostUSD 1.00 is below the first hold 2.99")
+    assert body["message"] == (
+        "spec.maxCostUSD 0.0008 is below the minimum charge 0.000831 of one index (one billing increment "
+        "at its rate): not even one slot could start"
+    )
+    assert body["fix"] == (
+        "Raise spec.maxCostUSD to at least 0.000831; any cap from there runs until it is spent, then "
+        "suspends the object with MaxCostReached."
+    )
+    failure(await api.get(jobs(unique, "capped")), 404, "NotFound")
 
 
 async def test_a_dry_run_answers_every_field_of_the_estimate(
@@ -183,9 +208,10 @@ async def test_a_dry_run_answers_every_field_of_the_estimate(
     # Per index at 1.495 $/h: 10m is 0.249167 and the 2m boot 0.049834; p90 15m 0.37375, 5m 0.124584.
     assert e["costUSD"] == {"p50": "0.897003", "p90": "1.495002"}
     assert e["overheadUSD"] == {"p50": "0.149502", "p90": "0.373752"}
+    # The first hold is the ten-minute window at 1.495 (0.249167), two indexes at once; 1 s is 0.000416.
     assert (e["holdUSD"], e["concurrentHoldUSD"], e["minimumChargeUSD"]) == (
+        "0.249167",
         "0.498334",
-        "0.996668",
         "0.000416",
     )
     assert "gangHoldUSD" not in e and "assemblyBoundUSD" not in e and "blockingReasons" not in e
@@ -407,35 +433,87 @@ async def booked(nc: NATS) -> AsyncIterator[Books]:
 async def test_a_create_the_project_cannot_fund_is_refused_with_insufficient_credits(
     api: httpx.AsyncClient, unique: str, booked: Books
 ) -> None:
-    await booked.apply(unique, [Grant(grant_id="g", project=unique, amount_micros=1_000_000)])  # $1
+    # $0.0005 is less than the least a run can start with: 1 s at 2.99 $/h, 0.000831.
+    await booked.apply(unique, [Grant(grant_id="g", project=unique, amount_micros=500)])
     resp = await api.post(jobs(unique), json=job_body("poor"), params=DRY)
     assert resp.status_code == 201, resp.text
     e = resp.json()["status"]["estimate"]
     (reason,) = e["blockingReasons"]
-    assert reason["code"] == "InsufficientCredits" and "$1.00" in reason["message"]
-    assert "nodus credits grant" in reason["fix"] and "$1.99" in reason["fix"]  # the hold is $2.99
-    assert "BalanceNotChecked" not in [w["code"] for w in e.get("warnings", [])]
+    assert reason["code"] == "InsufficientCredits"
+    assert reason["message"] == (
+        f"project {unique} has $0.0005 of credits not held; the least a run can start with is $0.000831"
+    )
+    assert "nodus credits grant" in reason["fix"] and "at least $0.000331" in reason["fix"]  # 831 - 500
+    codes = [w["code"] for w in e.get("warnings", [])]
+    assert "BalanceNotChecked" not in codes and "CreditsLimitHold" not in codes
     body = failure(await api.post(jobs(unique), json=job_body("poor")), 403, "InsufficientCredits")
     assert "nodus credits grant" in body["fix"]
     failure(await api.get(jobs(unique, "poor")), 404, "NotFound")  # nothing stored
 
-    await booked.apply(unique, [Grant(grant_id="g2", project=unique, amount_micros=2_000_000)])
+    # $0.2005: the least fits, the ten-minute hold (0.498334) does not: admitted, the hold sized to it.
+    await booked.apply(unique, [Grant(grant_id="g2", project=unique, amount_micros=200_000)])
     resp = await api.post(jobs(unique), json=job_body("poor"))
     assert resp.status_code == 201, resp.text
-    assert "blockingReasons" not in resp.json()["status"]["estimate"]
+    e = resp.json()["status"]["estimate"]
+    assert "blockingReasons" not in e
+    (note,) = [w for w in e["warnings"] if w["code"] == "CreditsLimitHold"]
+    assert note["message"] == (
+        f"project {unique} has $0.2005 of credits not held, less than the first hold $0.498334: the run "
+        "starts with what is left and is suspended with InsufficientCredits when it is spent"
+    )
+    assert (e["holdUSD"], e["concurrentHoldUSD"]) == ("0.2005", "0.2005")  # the hold billing will place
+
+    # $2.2005: the whole first hold fits, and nothing is said about credits.
+    await booked.apply(unique, [Grant(grant_id="g3", project=unique, amount_micros=2_000_000)])
+    resp = await api.post(jobs(unique), json=job_body("rich"))
+    assert resp.status_code == 201, resp.text
+    e = resp.json()["status"]["estimate"]
+    assert "blockingReasons" not in e
+    assert "CreditsLimitHold" not in [w["code"] for w in e["warnings"]]
 
 
-async def test_a_project_budget_the_first_hold_does_not_fit_refuses_the_create(
+async def test_a_project_budget_the_least_does_not_fit_refuses_the_create(
     api: httpx.AsyncClient, unique: str, booked: Books
 ) -> None:
+    # A Budget of $0.0005 leaves less than the least a run can start with (1 s at 2.99 $/h, 0.000831).
     await booked.apply(
         unique,
         [
             Grant(grant_id="g", project=unique, amount_micros=100_000_000),
-            PutBudget(name="monthly@u1", project=unique, monthly_micros=2_000_000, generation=1),
+            PutBudget(name="monthly@u1", project=unique, monthly_micros=500, generation=1),
         ],
     )
+    before = month_of(int(time.time() * 1000))
     resp = await api.post(jobs(unique), json=job_body("small"), params=DRY)
+    months = {before, month_of(int(time.time() * 1000))}  # the quote's month (two, across a month's end)
     (reason,) = resp.json()["status"]["estimate"]["blockingReasons"]
-    assert reason["code"] == "BudgetExceeded" and "Budget monthly allows $2.00" in reason["message"]
+    assert reason["code"] == "BudgetExceeded"
+    assert reason["message"] in {
+        f"Budget monthly allows $0.0005 in {month}; $0.00 is used or held and the least a run can start "
+        "with is $0.000831"
+        for month in months
+    }
+    assert (
+        reason["fix"]
+        == "Raise spec.monthlyUSD of Budget monthly to at least $0.000831, or wait for next month."
+    )
     failure(await api.post(jobs(unique), json=job_body("small")), 403, "BudgetExceeded")
+    failure(await api.get(jobs(unique, "small")), 404, "NotFound")
+
+    # A Budget of $0.20: the least fits, the ten-minute hold (0.498334) does not: admitted with a warning.
+    await booked.apply(
+        unique, [PutBudget(name="monthly@u1", project=unique, monthly_micros=200_000, generation=2)]
+    )
+    before = month_of(int(time.time() * 1000))
+    resp = await api.post(jobs(unique), json=job_body("small"))
+    months = {before, month_of(int(time.time() * 1000))}
+    assert resp.status_code == 201, resp.text
+    e = resp.json()["status"]["estimate"]
+    assert "blockingReasons" not in e
+    (note,) = [w for w in e["warnings"] if w["code"] == "BudgetLimitsHold"]
+    assert note["message"] in {
+        f"Budget monthly leaves $0.20 in {month}, less than the first hold $0.498334: the run starts with "
+        "what is left and is suspended with BudgetExceeded when it is spent"
+        for month in months
+    }
+    assert e["holdUSD"] == "0.20"  # the hold billing will place under the Budget

@@ -668,7 +668,8 @@ async def test_a_job_that_fits(nc: NATS, unique: str, endpoints: tuple[str, str]
     # 2h at 2.99 is 5.98, plus the 2m boot (0.099667); p90: 3h is 8.97, plus the 5m boot (0.249167).
     assert e.cost_usd is not None and (e.cost_usd.p50, e.cost_usd.p90) == ("6.079667", "9.219167")
     assert e.overhead_usd is not None and (e.overhead_usd.p50, e.overhead_usd.p90) == ("0.099667", "0.249167")
-    assert (e.hold_usd, e.concurrent_hold_usd, e.minimum_charge_usd) == ("2.99", "2.99", "0.000831")
+    # The first hold is billing's ten-minute window at the rate, whatever the run: 0.4983333… rounded up.
+    assert (e.hold_usd, e.concurrent_hold_usd, e.minimum_charge_usd) == ("0.498334", "0.498334", "0.000831")
     assert e.gang_hold_usd is None and e.assembly_bound_usd is None
     assert e.placement_preview is not None
     assert (e.placement_preview.offering, e.placement_preview.region_class) == ("h100-sxm-80g-x1-us", "us")
@@ -687,8 +688,8 @@ async def test_a_gang_holds_every_member_and_bounds_its_assembly(
     # p90: 3h is 71.76, plus 10m (3.986667); two nodes.
     assert e.cost_usd is not None and (e.cost_usd.p50, e.cost_usd.p90) == ("98.869334", "151.493334")
     assert e.overhead_usd is not None and (e.overhead_usd.p50, e.overhead_usd.p90) == ("3.189334", "7.973334")
-    # Each member's first hold is an hour (23.92); the gang holds both; one gang starts at once.
-    assert (e.hold_usd, e.gang_hold_usd, e.concurrent_hold_usd) == ("47.84", "47.84", "47.84")
+    # Each member's first hold is ten minutes at 23.92 (3.986667); the gang holds both; one gang at once.
+    assert (e.hold_usd, e.gang_hold_usd, e.concurrent_hold_usd) == ("7.973334", "7.973334", "7.973334")
     assert e.assembly_bound_usd == "35.88"  # 15m (5.98) × 2 nodes × 3 tries
     assert e.minimum_charge_usd == "0.006645"  # 1 s at 23.92 $/h, rounded up
 
@@ -699,7 +700,7 @@ async def test_parallel_indexes_hold_every_slot_that_starts_at_once(
     spec = job(SXM, completions=4, parallelism=2)
     e = (await ask(nc, endpoints, EstimateRequest(namespace=unique, kind="Job", job_spec=spec))).estimate
     assert e.cost_usd is not None and e.cost_usd.p50 == "24.318668"  # 4 × (5.98 + 0.099667)
-    assert (e.hold_usd, e.concurrent_hold_usd) == ("2.99", "5.98")
+    assert (e.hold_usd, e.concurrent_hold_usd) == ("0.498334", "0.996668")  # ten minutes each, two at once
     assert e.gang_hold_usd is None and e.assembly_bound_usd is None
 
 
@@ -728,7 +729,7 @@ async def test_the_endpoint_learns_durations_from_the_jobs_bucket(nc: NATS, uniq
     assert "DurationFromHistory" in codes(e) and "DefaultDuration" not in codes(e)
     # p50 40m at 2.99 (1.993334) + the 2m boot (0.099667); p90 50m (2.491667) + the 5m boot (0.249167).
     assert e.cost_usd is not None and (e.cost_usd.p50, e.cost_usd.p90) == ("2.093001", "2.740834")
-    assert e.hold_usd == "2.740834"  # the p90 run and boot, under an hour: held whole
+    assert e.hold_usd == "0.498334"  # the history moves the cost, not the hold: ten minutes at the rate
     assert {"NoHistory", "DefaultDuration"} <= set(codes(other))
     assert "0 succeeded Jobs with image x" in warning(other, "NoHistory")
 
@@ -754,21 +755,44 @@ async def test_a_sweep_of_three_cells_holds_two_at_once(
     reply = await ask(nc, endpoints, EstimateRequest(namespace=unique, kind="Sweep", sweep_spec=sweep))
     e = reply.estimate
     assert e.blocking_reasons == []
-    # One cell: 30m run (1.495) + 2m boot (0.099667) at p50; hold min(50m at p90 = 2.491667, 1h = 2.99).
+    # One cell: 30m run (1.495) + 2m boot (0.099667) at p50; hold ten minutes at 2.99 (0.498334).
     assert e.cost_usd is not None and (e.cost_usd.p50, e.cost_usd.p90) == ("4.784001", "7.475001")
-    assert e.hold_usd == "2.491667"
-    assert e.concurrent_hold_usd == "4.983334"  # maxParallel 2 cells' holds
+    assert e.hold_usd == "0.498334"
+    assert e.concurrent_hold_usd == "0.996668"  # maxParallel 2 cells' holds
 
 
-async def test_a_cap_below_the_hold_blocks(nc: NATS, unique: str, endpoints: tuple[str, str]) -> None:
-    spec = job(SXM, max_cost_usd="1.00")
+async def test_a_cap_below_the_hold_runs_with_a_hold_of_the_cap(
+    nc: NATS, unique: str, endpoints: tuple[str, str]
+) -> None:
+    # A cap is a ceiling (ADR-0023): 0.25 is below the ten-minute first hold (0.498334), and is the hold.
+    spec = job(SXM, max_cost_usd="0.25")
+    e = (await ask(nc, endpoints, EstimateRequest(namespace=unique, kind="Job", job_spec=spec))).estimate
+    assert e.blocking_reasons == []
+    assert (e.hold_usd, e.concurrent_hold_usd, e.minimum_charge_usd) == ("0.25", "0.25", "0.000831")
+    assert warning(e, "MaxCostLimitsHold") == (
+        "spec.maxCostUSD 0.25 is below a full first hold 0.498334 (the funding window at the rate): the "
+        "first hold is 0.25, and the object is suspended with MaxCostReached when it is spent"
+    )
+
+
+async def test_a_cap_below_the_minimum_charge_blocks(
+    nc: NATS, unique: str, endpoints: tuple[str, str]
+) -> None:
+    spec = job(SXM, max_cost_usd="0.0008")  # under one billing increment: 1 s at 2.99 is 0.000831
     reply = await ask(nc, endpoints, EstimateRequest(namespace=unique, kind="Job", job_spec=spec))
     (reason,) = reply.estimate.blocking_reasons
     assert reason.code == "MaxCostReached"
     assert reason.message == (
-        "spec.maxCostUSD 1.00 is below the first hold 2.99 of one index: not even one slot could start"
+        "spec.maxCostUSD 0.0008 is below the minimum charge 0.000831 of one index (one billing increment "
+        "at its rate): not even one slot could start"
     )
-    assert reason.fix and reason.fix.startswith("Raise spec.maxCostUSD to at least 2.99")
+    assert reason.fix == (
+        "Raise spec.maxCostUSD to at least 0.000831; any cap from there runs until it is spent, then "
+        "suspends the object with MaxCostReached."
+    )
+    # The estimate says what the run would hold, uncapped.
+    assert (reply.estimate.hold_usd, reply.estimate.concurrent_hold_usd) == ("0.498334", "0.498334")
+    assert "MaxCostLimitsHold" not in codes(reply.estimate)
 
 
 async def test_a_cap_the_run_will_reach_is_a_warning(

@@ -76,15 +76,28 @@ async def test_a_wrong_token_is_unauthorized(gateway_url: str, unique: str) -> N
     assert err.value.code == 401 and err.value.fix
 
 
-async def test_a_cap_below_the_first_hold_is_max_cost_reached(
+async def test_a_cap_below_the_minimum_charge_is_max_cost_reached(
     client: Client, job: Callable[..., dict[str, Any]]
 ) -> None:
+    # A cap is a ceiling (ADR-0023): $0.01 on an H100 ($2.99/h) is below the ten-minute first hold
+    # (0.498334) but runs, its first hold the cap itself.
     body = job("capped")
     body["spec"]["maxCostUSD"] = "0.01"
+    created = await run(client.jobs.create, body)
+    assert created.status.estimate is not None
+    assert (created.status.estimate.hold_usd, created.status.estimate.concurrent_hold_usd) == ("0.01", "0.01")
+    # Only a cap below the minimum charge, one billing increment (1 s at 2.99 $/h: 0.000831), is refused.
+    body = job("starved")
+    body["spec"]["maxCostUSD"] = "0.0008"
     with pytest.raises(MaxCostReached) as err:
         await run(client.jobs.create, body)
     assert isinstance(err.value, FundingError) and isinstance(err.value, Forbidden)
-    assert err.value.code == 403 and err.value.message.startswith("spec.maxCostUSD 0.01 is below")
+    assert err.value.code == 403
+    assert err.value.message == (
+        "spec.maxCostUSD 0.0008 is below the minimum charge 0.000831 of one index (one billing increment "
+        "at its rate): not even one slot could start"
+    )
+    assert err.value.fix and err.value.fix.startswith("Raise spec.maxCostUSD to at least 0.000831;")
 
 
 async def test_revoking_more_than_is_available_is_insufficient_credits(client: Client, unique: str) -> None:

@@ -81,7 +81,11 @@ def view(done: Estimated) -> str:
         (
             "hold",
             _money(e.hold_usd)
-            + ("  (first hold: must fit the balance, Budgets, the cap)" if e.hold_usd else ""),
+            + (
+                "  (first hold: the funding window at the rate, at most what cap, Budgets, credits leave)"
+                if e.hold_usd
+                else ""
+            ),
         ),
         (
             "concurrent",

@@ -13,6 +13,7 @@ ledger would charge for the same times. No float anywhere.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import msgspec
 from nodus_schema.catalog import Offering, startup_estimate
 from nodus_schema.costs import DurationBand, Estimate, StartupEstimate, USDBand
 from nodus_schema.errors import StatusCause
+from nodus_schema.holds import HOLD_WINDOW_MS, hold_micros, holds_in_turn
 from nodus_schema.jobs import JobSpec
 from nodus_schema.ledger import charge_micros
 from nodus_schema.meta import format_time
@@ -47,7 +49,6 @@ __all__ = [
     "DEFAULT_WARM_STARTUP",
     "ESTIMATE_SUBJECT",
     "ESTIMATE_VALIDITY",
-    "FUNDING_PERIOD",
     "HISTORY_MIN_SAMPLES",
     "QUOTE_SUBJECT",
     "RATE_CEILING_ANNOTATION",
@@ -61,11 +62,12 @@ __all__ = [
     "apply_money",
     "billed_millis",
     "bind_estimate",
+    "capped",
+    "capped_each",
     "charge_for",
     "duration_band",
     "estimate_etag",
     "history_band",
-    "member_hold_micros",
     "minimum_charge_micros",
     "p90_of",
     "parse_estimate_etag",
@@ -88,8 +90,7 @@ QUOTE_SUBJECT: Final = "nodus.rpc.billing.quote"
 """Request/reply, queue group ``billing``: QuoteRequest -> EstimateReply (the priced estimate)."""
 
 DEFAULT_EXPECTED_DURATION: Final = timedelta(hours=1)
-"""The run time assumed when spec.expectedDuration is unset: one funding period, so the hold is the same
-whether or not the user guessed, and a round number people read as "a guess"."""
+"""The run time assumed when spec.expectedDuration is unset: a round number people read as "a guess"."""
 P90_NUMERATOR: Final = 3
 P90_DENOMINATOR: Final = 2
 """p90 = 1.5 × p50. A declared duration is a median at best (people quote the run that went well); half
@@ -104,8 +105,6 @@ DEFAULT_WARM_STARTUP: Final = (timedelta(seconds=10), timedelta(seconds=30))
 """Warm start (p50, p90) on capacity kept warm by scaledownWindow: container start only."""
 BILLING_INCREMENT: Final = timedelta(seconds=1)
 """The ledger bills whole seconds per allocation: the rounding a minimum charge stands for."""
-FUNDING_PERIOD: Final = timedelta(hours=1)
-"""A hold funds at most this much of one allocation; billing renews it before it runs out."""
 ESTIMATE_VALIDITY: Final = timedelta(minutes=15)
 """How long the prices of an estimate are current (validUntil = now + this)."""
 RATE_TOLERANCE_PERCENT: Final = 10
@@ -286,15 +285,6 @@ def run_cost_micros(rate_micros_per_hour: int, td: timedelta, allocations: int) 
     return charge_for(rate_micros_per_hour, td) * allocations
 
 
-def member_hold_micros(rate_micros_per_hour: int, boot_p90: timedelta, run_p90: timedelta) -> int:
-    """The first hold of one allocation: min(its p90 cost, one funding period at the rate).
-
-    A short run is held whole (boot + run at p90); a long one is held an hour at a time, renewed by billing.
-    """
-    whole = charge_for(rate_micros_per_hour, boot_p90 + run_p90)
-    return min(whole, charge_for(rate_micros_per_hour, FUNDING_PERIOD))
-
-
 def rate_ceiling_micros(rate_micros_per_hour: int) -> int:
     """The highest node rate a create bound to this rate may be placed at: rate + 10 %, rounded down."""
     return rate_micros_per_hour * (100 + RATE_TOLERANCE_PERCENT) // 100
@@ -314,11 +304,16 @@ class Money:
     overhead_p50: int
     overhead_p90: int
     hold: int
-    """The largest hold one slot takes alone: it must fit for every slot to be able to start."""
+    """The largest first hold one slot takes alone (billing's window at the rate, all its nodes)."""
     concurrent_hold: int
     gang_hold: int | None
     assembly_bound: int | None
     minimum_charge: int
+    least: int = 0
+    """The least a slot can start with: one billing increment on each of its nodes (the largest slot's).
+    A cap, Budget or balance below it is refused; above it the first holds are sized to what is left."""
+    cell_holds: tuple[int, ...] = ()
+    """The first hold of every slot that starts at once, largest first (concurrentHold is their sum)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +334,7 @@ def _d(text: str | None, fallback: timedelta) -> timedelta:
     return parse_duration(text) if text else fallback
 
 
-def _price_slot(slot: SlotPlan, rate: int) -> _SlotMoney:
+def _price_slot(slot: SlotPlan, rate: int, window_ms: int) -> _SlotMoney:
     run50 = _d(slot.run.p50, DEFAULT_EXPECTED_DURATION)
     run90 = _d(slot.run.p90, p90_of(run50))
     boot50 = _d(slot.boot.p50, DEFAULT_COLD_STARTUP[0])
@@ -347,7 +342,8 @@ def _price_slot(slot: SlotPlan, rate: int) -> _SlotMoney:
     allocations = slot.nodes * slot.completions * slot.cells
     over50 = run_cost_micros(rate, boot50, allocations)
     over90 = run_cost_micros(rate, boot90, allocations)
-    slot_hold = member_hold_micros(rate, boot90, run90) * slot.nodes
+    # Billing's own rule for a first hold, with no limit applied yet (capped() applies a cap).
+    slot_hold = hold_micros(rate, window_ms) * slot.nodes
     at_once = max(1, min(slot.parallelism, slot.completions))
     assembly = None
     if slot.nodes > 1:
@@ -367,21 +363,28 @@ def _price_slot(slot: SlotPlan, rate: int) -> _SlotMoney:
     )
 
 
-def price(slots: list[SlotPlan], *, max_parallel: int | None = None) -> Money | None:
+def price(
+    slots: list[SlotPlan], *, max_parallel: int | None = None, window_ms: int = HOLD_WINDOW_MS
+) -> Money | None:
     """Price a slot plan; None when no slot has a rate (nothing in the price book matched).
 
     cost = Σ allocations × (charge(run) + charge(boot)), per band, allocations = nodes × completions ×
-    cells. concurrentHold: for a Job, min(parallelism, completions) slots; for a Sweep (``max_parallel``
-    set), the maxParallel largest cell holds, since any cells may be the ones running together.
+    cells. The holds are billing's (:func:`nodus_schema.holds.hold_micros` over its funding window
+    ``window_ms``). concurrentHold: for a Job, min(parallelism, completions) slots; for a Sweep
+    (``max_parallel`` set), the maxParallel largest cell holds, since any cells may be the ones running
+    together.
     """
-    priced = [(s, _price_slot(s, s.rate_micros_per_hour)) for s in slots if s.rate_micros_per_hour]
+    priced = [(s, _price_slot(s, s.rate_micros_per_hour, window_ms)) for s in slots if s.rate_micros_per_hour]
     if not priced:
         return None
     if max_parallel is None:
-        concurrent = sum(m.cell_hold for _, m in priced)
+        cell_holds = sorted(
+            (m.slot_hold for s, m in priced for _ in range(max(1, min(s.parallelism, s.completions)))),
+            reverse=True,
+        )
     else:
-        holds = sorted((m.cell_hold for s, m in priced for _ in range(s.cells)), reverse=True)
-        concurrent = sum(holds[: max(1, max_parallel)])
+        cell_holds = sorted((m.cell_hold for s, m in priced for _ in range(s.cells)), reverse=True)
+        cell_holds = cell_holds[: max(1, max_parallel)]
     gangs = [m.slot_hold for s, m in priced if s.nodes > 1]
     assemblies = [m.assembly for _, m in priced if m.assembly is not None]
     return Money(
@@ -390,10 +393,43 @@ def price(slots: list[SlotPlan], *, max_parallel: int | None = None) -> Money | 
         overhead_p50=sum(m.overhead_p50 for _, m in priced),
         overhead_p90=sum(m.overhead_p90 for _, m in priced),
         hold=max(m.slot_hold for _, m in priced),
-        concurrent_hold=concurrent,
+        concurrent_hold=sum(cell_holds),
         gang_hold=max(gangs) if gangs else None,
         assembly_bound=sum(assemblies) if assemblies else None,
         minimum_charge=max(m.minimum_charge for _, m in priced),
+        least=max(m.minimum_charge * s.nodes for s, m in priced),
+        cell_holds=tuple(cell_holds),
+    )
+
+
+def capped_each(money: Money, cap: int | None) -> Money:
+    """The first holds under a cap that each slot has alone (a Sweep template's maxCostUSD, every cell
+    Job's own): every hold at most ``cap``."""
+    if cap is None or cap < money.least:
+        return money
+    sized = tuple(min(h, cap) for h in money.cell_holds)
+    return dataclasses.replace(
+        money,
+        hold=min(money.hold, cap),
+        concurrent_hold=sum(sized),
+        gang_hold=None if money.gang_hold is None else min(money.gang_hold, cap),
+        cell_holds=sized,
+    )
+
+
+def capped(money: Money, cap: int | None) -> Money:
+    """The first holds as billing places them under ``cap`` (a Job's or a Sweep's maxCostUSD): each slot
+    that starts at once is held in turn, sized to what the ones before left (ADR-0023). A cap below
+    ``money.least`` leaves them as they are: the create is refused, and the estimate says what it holds."""
+    if cap is None or cap < money.least:
+        return money
+    sized = holds_in_turn(money.cell_holds, cap)
+    return dataclasses.replace(
+        money,
+        hold=min(money.hold, cap),
+        concurrent_hold=sum(sized),
+        gang_hold=None if money.gang_hold is None else min(money.gang_hold, cap),
+        cell_holds=tuple(sized),
     )
 
 

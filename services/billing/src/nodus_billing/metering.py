@@ -40,6 +40,7 @@ from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, JOB_UID_LABEL, At
 from nodus_schema.billing import FUNDING_BUCKET, Block, Funding
 from nodus_schema.costs import Cost, CostSegments
 from nodus_schema.gpus import GPURequest
+from nodus_schema.holds import HOLD_WINDOW_MS, STOP_MARGIN_MS, resume_micros, stop_margin_ms
 from nodus_schema.jobs import TERMINAL_PHASES, Job, LostRun, RecoveryStatus, Resources
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta, format_time
@@ -50,18 +51,21 @@ log = logging.getLogger(__name__)
 
 STAMP_MS = 1000
 """The resolution of object times (metav1.Time: whole seconds)."""
+MIN_RECHECK_MS = 250
+"""The soonest a Job with an open hold is looked at again (a hold already short is checked this often)."""
 
 
 @dataclass(frozen=True)
 class Terms:
     """How far ahead holds fund runs, how often usage is charged, and how early a Job is stopped."""
 
-    window_ms: int = 600_000
+    window_ms: int = HOLD_WINDOW_MS
     """A hold funds this much time ahead of use; it is extended when half of it is left."""
     tick_ms: int = 30_000
     """Running usage is charged in whole ticks (the capture charges the rest, to the billing increment)."""
-    margin_ms: int = 60_000
-    """A Job is stopped while its holds still fund this long: time to checkpoint and tear down."""
+    margin_ms: int = STOP_MARGIN_MS
+    """A Job is stopped while its holds still fund this long: time to checkpoint and tear down (a fifth of
+    what a small hold funds, when that is less: nodus_schema.holds.stop_margin_ms)."""
     orphan_ms: int = 120_000
     """A hold whose Attempt was never created is released after this (the scheduler died in between)."""
 
@@ -289,16 +293,22 @@ class Metering:
         running = [h for h in running if h in live]
         room, code = room_for(state, ref, month_of(now))
         if running:
-            short = [h for h in running if state.holds[h].funded_until_ms - now < margin]
+            short = [h for h in running if state.holds[h].funded_until_ms - now < self._margin(state, h)]
             if not short:
                 return None
             rate = max(state.holds[h].rate_micros_per_hour for h in short)
             return _block(state, ref, code, room, rate, margin)
-        # Nothing runs: blocked while a run could not be funded for two stop margins.
+        # Nothing runs: blocked until a run could be funded for a while again (resume_micros), so a
+        # sliver of room left under a cap does not start a run for a second of work.
         rate = current.rate_micros_per_hour if current is not None else 0
-        if current is None or room >= charge_micros(rate, 2 * margin):
+        if current is None or room >= resume_micros(rate, margin):
             return None
         return _block(state, ref, code, room, rate, margin)
+
+    def _margin(self, state: State, hold_id: str) -> int:
+        """The hold's stop margin: the terms', or a fifth of what a small hold funds (a small cap runs)."""
+        hold = state.holds[hold_id]
+        return stop_margin_ms(hold.reserved_micros, hold.rate_micros_per_hour, self.terms.margin_ms)
 
     # -- status.cost -----------------------------------------------------------------------------------
     async def _write_cost(self, job: Job, ref: str, state: State, attempts: list[Attempt]) -> None:
@@ -321,10 +331,15 @@ class Metering:
             pass
 
     def _next(self, state: State, refs: Iterable[str]) -> float | None:
+        """Every tick while a hold is open, and in time to stop a run whose funding ends before the next
+        tick (a small hold funds seconds)."""
         wanted = set(refs)
-        if any(h.job in wanted and h.status == "Open" for h in state.holds.values()):
-            return self.terms.tick_ms / 1000
-        return None
+        open_ = [h for h, hold in state.holds.items() if hold.job in wanted and hold.status == "Open"]
+        if not open_:
+            return None
+        now = now_ms()
+        due = min(state.holds[h].funded_until_ms - self._margin(state, h) - now for h in open_)
+        return max(MIN_RECHECK_MS, min(self.terms.tick_ms, due)) / 1000
 
 
 # --- pure helpers ------------------------------------------------------------------------------------
@@ -374,7 +389,7 @@ def _replaces_lost(attempt: Attempt, attempts: list[Attempt]) -> bool:
 def _block(state: State, ref: str, code: str, room: int, rate: int, margin_ms: int) -> Block:
     job = state.jobs[ref]
     name = ref.rsplit("@", 1)[0]
-    need = charge_micros(rate, 2 * margin_ms)
+    need = resume_micros(rate, margin_ms)
     left = f"${micros_to_usd(room)}"
     if code == "MaxCostReached":
         if job.max_cost_micros is not None and room == max(

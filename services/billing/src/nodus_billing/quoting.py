@@ -4,14 +4,13 @@ Served on ``nodus.rpc.billing.quote`` (queue group ``billing``). The request car
 (rates, durations, startup bands per slot), so billing prices it without the catalog and stays the only
 service that turns time into money. The arithmetic is :func:`nodus_schema.estimating.price`.
 
-Caps: a create fails when its first hold cannot fit under maxCostUSD (blocking MaxCostReached, with the
-amounts and a fix); a cap the run will probably reach is only a warning, because reaching it suspends the
-object (nothing is lost) rather than refusing the create.
-
-Balances: with the books at hand (the billing service always passes them) the first hold must also fit
-the project's credits not held (InsufficientCredits) and every project-wide Budget this month
-(BudgetExceeded); each is a blocking reason with the amounts and a fix, so a create that cannot be funded
-is refused. Without the books (a bare quote in tests) the quote says BalanceNotChecked.
+Holds (ADR-0023, nodus_schema.holds): the first hold of a slot is billing's funding window at the rate,
+sized to what every limit leaves (the cap, the Sweep's cap, the credits not held, Budgets), so holdUSD and
+concurrentHoldUSD are the holds billing will place. A cap is a ceiling, not a deposit: a create is refused
+(blocking MaxCostReached, InsufficientCredits or BudgetExceeded, with the amounts and a fix) only when not
+even one billing increment at the rate fits; a cap, balance or Budget below a full first hold is a
+warning (the run starts with what is left and is suspended when it is spent), and so is a cap the run
+will probably reach. Without the books (a bare quote in tests) the quote says BalanceNotChecked.
 """
 
 from __future__ import annotations
@@ -44,8 +43,11 @@ from nodus_schema.estimating import (
     QuoteRequest,
     SlotPlan,
     apply_money,
+    capped,
+    capped_each,
     price,
 )
+from nodus_schema.holds import HOLD_WINDOW_MS
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,8 @@ QUEUE = "billing"
 
 BALANCE_NOT_CHECKED = EstimateWarning(
     code="BalanceNotChecked",
-    message="account balances and Budgets are not checked by estimates yet; holdUSD must fit your balance "
-    "when the object is created",
+    message="account balances and Budgets were not checked by this estimate; when the object is created, its "
+    "first hold is sized to the credits and Budgets left, and it must be at least minimumChargeUSD",
 )
 
 
@@ -72,16 +74,18 @@ def _usd(micros: int) -> str:
     return micros_to_usd(micros)
 
 
-def cap_blocking(cap: int, hold: int, field: str, what: str) -> BlockingReason | None:
-    """MaxCostReached when the first hold does not fit under the cap: the create would be refused."""
-    if cap >= hold:
+def cap_blocking(cap: int, least: int, field: str, what: str) -> BlockingReason | None:
+    """MaxCostReached when not even the least a run can start with fits under the cap (one billing
+    increment at the rate, on every node of a slot): the create would be refused. Any cap at or above it
+    runs: its first hold is sized to the cap, and the object is suspended when that is spent (ADR-0023)."""
+    if cap >= least:
         return None
     return BlockingReason(
         code="MaxCostReached",
-        message=f"{field} {_usd(cap)} is below the first hold {_usd(hold)} of {what}: "
-        "not even one slot could start",
-        fix=f"Raise {field} to at least {_usd(hold)}, or lower the hold: a shorter spec.expectedDuration "
-        "(the hold is the p90 cost of one slot, at most one hour of it) or cheaper capacity.",
+        message=f"{field} {_usd(cap)} is below the minimum charge {_usd(least)} of {what} (one billing "
+        "increment at its rate): not even one slot could start",
+        fix=f"Raise {field} to at least {_usd(least)}; any cap from there runs until it is spent, then "
+        "suspends the object with MaxCostReached.",
     )
 
 
@@ -101,7 +105,16 @@ def cap_warnings(cap: int, money: Money, field: str) -> list[EstimateWarning]:
                 message=f"{field} {_usd(cap)} {likely}; reaching it suspends the object with MaxCostReached",
             )
         )
-    if money.hold <= cap < money.concurrent_hold:
+    if cap < money.hold:
+        out.append(
+            EstimateWarning(
+                code="MaxCostLimitsHold",
+                message=f"{field} {_usd(cap)} is below a full first hold {_usd(money.hold)} (the funding "
+                f"window at the rate): the first hold is {_usd(cap)}, and the object is suspended with "
+                "MaxCostReached when it is spent",
+            )
+        )
+    elif cap < money.concurrent_hold:
         out.append(
             EstimateWarning(
                 code="MaxCostLimitsParallelism",
@@ -120,62 +133,90 @@ def cap_warnings(cap: int, money: Money, field: str) -> list[EstimateWarning]:
     return out
 
 
-def _cell_caps(slots: list[SlotPlan]) -> list[BlockingReason]:
-    """A Sweep's template cap applies to every cell Job alone: each cell's first hold must fit it."""
+def _cell_caps(slots: list[SlotPlan], window_ms: int) -> list[BlockingReason]:
+    """A Sweep's template cap applies to every cell Job alone: each cell must be able to start under it."""
     out: list[BlockingReason] = []
     for slot in slots:
         cap = _cap_micros(slot.max_cost_usd, "spec.template.spec.maxCostUSD")
-        alone = price([slot]) if cap is not None else None
+        alone = price([slot], window_ms=window_ms) if cap is not None else None
         if cap is not None and alone is not None:
             what = f"cells {slot.label} (from cell {slot.first_cell})"
-            reason = cap_blocking(cap, alone.hold, "spec.template.spec.maxCostUSD", what)
+            reason = cap_blocking(cap, alone.least, "spec.template.spec.maxCostUSD", what)
             if reason is not None:
                 out.append(reason)
     return out
 
 
-def quote(request: QuoteRequest, state: State | None = None) -> EstimateReply:
-    """The priced estimate: the scheduler's estimate plus amounts, cap reasons and warnings."""
+def _template_cap(slots: list[SlotPlan]) -> int | None:
+    """The Sweep template's maxCostUSD (the same on every slot): each cell's own cap."""
+    caps = {_cap_micros(s.max_cost_usd, "spec.template.spec.maxCostUSD") for s in slots}
+    return min((c for c in caps if c is not None), default=None)
+
+
+def quote(
+    request: QuoteRequest, state: State | None = None, window_ms: int = HOLD_WINDOW_MS
+) -> EstimateReply:
+    """The priced estimate: the scheduler's estimate plus amounts, cap reasons and warnings. ``window_ms`` is
+    billing's funding window, so the estimate's holds are the ones billing places (nodus_schema.holds)."""
     scheduled, asked = request.scheduled, request.request
     sweep = asked.sweep_spec if asked.kind == "Sweep" else None
     max_parallel = (sweep.max_parallel or DEFAULT_MAX_PARALLEL) if sweep is not None else None
-    money = price(scheduled.slots, max_parallel=max_parallel)
+    money = price(scheduled.slots, max_parallel=max_parallel, window_ms=window_ms)
     estimate: Estimate = scheduled.estimate
     blocking, warnings = list(estimate.blocking_reasons), list(estimate.warnings)
     if money is not None:  # None: nothing matched the price book, and the scheduler's reasons say so
-        estimate = apply_money(estimate, money)
         if sweep is not None:
             cap_text, what = sweep.max_cost_usd, "the Sweep's largest cell slot"
-            blocking += _cell_caps(scheduled.slots)
+            blocking += _cell_caps(scheduled.slots, window_ms)
+            money = capped_each(money, _template_cap(scheduled.slots))
         else:
             cap_text, what = (asked.job_spec.max_cost_usd if asked.job_spec else None), "one index"
         cap = _cap_micros(cap_text, "spec.maxCostUSD")
         if cap is not None:
-            reason = cap_blocking(cap, money.hold, "spec.maxCostUSD", what)
+            reason = cap_blocking(cap, money.least, "spec.maxCostUSD", what)
             if reason is not None:
                 blocking.append(reason)
             else:
                 warnings += cap_warnings(cap, money, "spec.maxCostUSD")
+                money = capped(money, cap)
     if state is None:
         warnings.append(BALANCE_NOT_CHECKED)
     elif money is not None:
-        blocking += balance_blocking(state, asked.namespace, money.hold)
+        found = balance_blocking(state, asked.namespace, money)
+        blocking += [r for r in found if isinstance(r, BlockingReason)]
+        warnings += [w for w in found if isinstance(w, EstimateWarning)]
+        # The credits and project-wide Budgets left bound the first holds as the cap does.
+        money = capped(money, books_room(state, asked.namespace))
+    if money is not None:
+        estimate = apply_money(estimate, money)
     estimate = msgspec.structs.replace(estimate, blocking_reasons=blocking, warnings=warnings)
     return EstimateReply(estimate=estimate, slots=scheduled.slots)
 
 
-def balance_blocking(state: State, project: str, hold: int) -> list[BlockingReason]:
-    """InsufficientCredits / BudgetExceeded when the first hold does not fit the project's books."""
-    out: list[BlockingReason] = []
+def balance_blocking(state: State, project: str, money: Money) -> list[BlockingReason | EstimateWarning]:
+    """InsufficientCredits / BudgetExceeded when not even the least a slot starts with fits the project's
+    books; a warning when the first hold is larger than they leave (the hold is sized to what is left, and
+    the object is suspended when it is spent)."""
+    out: list[BlockingReason | EstimateWarning] = []
+    hold, least = money.hold, money.least
     free = available(state, project)
-    if hold > free:
+    if least > free:
         out.append(
             BlockingReason(
                 code=INSUFFICIENT_CREDITS,
                 message=f"project {project} has {_dollars(free)} of credits not held; "
-                f"the first hold is {_dollars(hold)}",
-                fix=f"Ask an administrator to grant project {project} at least {_dollars(hold - free)} "
+                f"the least a run can start with is {_dollars(least)}",
+                fix=f"Ask an administrator to grant project {project} at least {_dollars(least - free)} "
                 "(nodus credits grant), or wait for running work to release its holds.",
+            )
+        )
+    elif hold > free:
+        out.append(
+            EstimateWarning(
+                code="CreditsLimitHold",
+                message=f"project {project} has {_dollars(free)} of credits not held, less than the first "
+                f"hold {_dollars(hold)}: the run starts with what is left and is suspended with "
+                "InsufficientCredits when it is spent",
             )
         )
     month = month_of(int(time.time() * 1000))
@@ -183,25 +224,46 @@ def balance_blocking(state: State, project: str, hold: int) -> list[BlockingReas
         if budget.project != project or budget.selector or not binds(budget):
             continue  # a selector's Budget applies by labels, which a quote does not see; holds check it
         used = budget_used(state, budget, month)
-        if used + hold > budget.monthly_micros:
+        short = name.rsplit("@", 1)[0]
+        if used + least > budget.monthly_micros:
             out.append(
                 BlockingReason(
                     code=BUDGET_EXCEEDED,
-                    message=f"Budget {name.rsplit('@', 1)[0]} allows {_dollars(budget.monthly_micros)} "
-                    f"in {month}; "
-                    f"{_dollars(used)} is used or held and the first hold is {_dollars(hold)}",
-                    fix=f"Raise spec.monthlyUSD of Budget {name.rsplit('@', 1)[0]} to at least "
-                    f"{_dollars(used + hold)}, or wait for next month.",
+                    message=f"Budget {short} allows {_dollars(budget.monthly_micros)} in {month}; "
+                    f"{_dollars(used)} is used or held and the least a run can start with is "
+                    f"{_dollars(least)}",
+                    fix=f"Raise spec.monthlyUSD of Budget {short} to at least {_dollars(used + least)}, "
+                    "or wait for next month.",
+                )
+            )
+        elif used + hold > budget.monthly_micros:
+            out.append(
+                EstimateWarning(
+                    code="BudgetLimitsHold",
+                    message=f"Budget {short} leaves {_dollars(budget.monthly_micros - used)} in {month}, "
+                    f"less than the first hold {_dollars(hold)}: the run starts with what is left and is "
+                    "suspended with BudgetExceeded when it is spent",
                 )
             )
     return out
+
+
+def books_room(state: State, project: str) -> int:
+    """What the project's books leave for new holds now: its credits not held, and what every project-wide
+    Budget leaves this month (a selector's Budget binds by labels, which a quote does not see)."""
+    room = available(state, project)
+    month = month_of(int(time.time() * 1000))
+    for budget in state.budgets.values():
+        if budget.project == project and not budget.selector and binds(budget):
+            room = min(room, budget.monthly_micros - budget_used(state, budget, month))
+    return max(room, 0)
 
 
 def _dollars(micros: int) -> str:
     return f"${micros_to_usd(micros)}"
 
 
-def _handler(books: Books | None) -> Callable[[QuoteRequest], Awaitable[EstimateReply]]:
+def _handler(books: Books | None, window_ms: int) -> Callable[[QuoteRequest], Awaitable[EstimateReply]]:
     async def handle(request: QuoteRequest) -> EstimateReply:
         project = request.request.namespace
         try:
@@ -214,13 +276,15 @@ def _handler(books: Books | None) -> Callable[[QuoteRequest], Awaitable[Estimate
                 f"billing could not read the books of project {project} for the estimate just now; retry"
             ) from None
         try:
-            return quote(request, state)
+            return quote(request, state, window_ms)
         except ValueError as e:  # a duration in the plan that does not parse: the caller's to fix
             raise errors.Invalid(str(e)) from None
 
     return handle
 
 
-async def serve_quotes(nc: NATS, *, subject: str = QUOTE_SUBJECT, books: Books | None = None) -> Any:
+async def serve_quotes(
+    nc: NATS, *, subject: str = QUOTE_SUBJECT, books: Books | None = None, window_ms: int = HOLD_WINDOW_MS
+) -> Any:
     """Serve ``nodus.rpc.billing.quote`` in queue group ``billing``; returns the subscription."""
-    return await messaging.serve(nc, subject, QuoteRequest, _handler(books), queue=QUEUE)
+    return await messaging.serve(nc, subject, QuoteRequest, _handler(books, window_ms), queue=QUEUE)

@@ -85,7 +85,7 @@ class BillingService(Service):
         )
         await self.reports.start()
         self.endpoints = [
-            await serve_quotes(self.bus, books=self.books),
+            await serve_quotes(self.bus, books=self.books, window_ms=self.metering.terms.window_ms),
             await serve_holds(self.bus, Holds(self.books, self.metering)),
             *(await serve_accounts(self.bus, self.books, self._requeue_project)),
         ]

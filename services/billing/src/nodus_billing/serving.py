@@ -55,7 +55,8 @@ from nodus_schema.billing import (
     UsageRequest,
     UsageRow,
 )
-from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
+from nodus_schema.holds import hold_micros, minimum_hold_micros
+from nodus_schema.ledger import MICROS_PER_HOUR_MS
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.quantities import MAX_DURATION, MAX_USD_MICROS, duration_micros, micros_to_usd
 
@@ -133,8 +134,7 @@ class Holds:
         now = now_ms()
         rate = req.rate_micros_per_hour
         window = min(req.window_millis, MAX_WINDOW_MS) if req.window_millis > 0 else terms.window_ms
-        want = charge_micros(rate, window)
-        least = charge_micros(rate, 2 * terms.margin_ms)
+        least = minimum_hold_micros(rate)
 
         def plan(state: State) -> Op | None:
             if ref not in state.jobs:
@@ -149,7 +149,9 @@ class Holds:
                     at_ms=0,
                 )
             room, _ = room_for(state, ref, month_of(now))
-            amount = max(min(want, room), least)  # below `least` it is refused with the binding reason
+            # Sized to what every limit leaves (the estimate's rule); below one billing increment it is
+            # asked for whole and refused with the binding reason.
+            amount = hold_micros(rate, window, room) or max(least, 1)
             until = now + amount * MICROS_PER_HOUR_MS // rate
             return PlaceHold(
                 hold_id=req.attempt,
