@@ -314,6 +314,8 @@ def test_widest_cells_bytes_is_the_size_of_the_widest_rows(case: Case) -> None:
             cost_usd=WIDEST_COST_USD,
             units_per_second="9" * WIDEST_UNITS_PER_SECOND,
             wall_seconds=WIDEST_WALL_SECONDS,
+            lost_gpu_seconds=WIDEST_WALL_SECONDS,
+            recovery_usd=WIDEST_COST_USD,
         )
         for c in expand(case.sweep)
     ]

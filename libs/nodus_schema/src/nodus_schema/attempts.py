@@ -112,6 +112,14 @@ class AttemptStatus(Wire):
     """The checkpoint restored into this Attempt before its command started."""
     outputs: list[OutputRecord] = msgspec.field(default_factory=list)
     """What the index committed when this Attempt succeeded."""
+    billing_start_ms: int | None = None
+    """The node's clock (epoch ms) when it began the run (reported): billing's start, the Boot segment's."""
+    program_start_ms: int | None = None
+    """The node's clock (epoch ms) when the program was launched (reported): Boot ends, Running begins."""
+    billing_stop_ms: int | None = None
+    """The node's clock (epoch ms) when the run was over (reported), or the node's last heartbeat for a run
+    lost with its node (written by the scheduler): billing's stop. Both ends are from one clock, so identical
+    runs are billed identically (docs/billing.md)."""
 
 
 class Attempt(Wire):

@@ -493,7 +493,7 @@ class LostRun(Wire):
     cost_usd: str | None = msgspec.field(default=None, name="costUSD")
     """What the run was charged (nothing, when Nodus covered it)."""
     lost_seconds: int = 0
-    """From its last checkpoint (or the program's start, without one) until the capacity was lost."""
+    """From its last checkpoint (or the program's start, without one) until the node's last heartbeat."""
     gpus: int = 1
     lost_usd: str | None = msgspec.field(default=None, name="lostUSD")
     """What the lost seconds cost at the run's rate: work paid for and done again."""
@@ -508,6 +508,14 @@ class RecoveryStatus(Wire):
     lost_gpu_seconds: int = 0
     """GPU-seconds of work done since the last checkpoint by runs that lost their capacity."""
     lost_usd: str | None = msgspec.field(default=None, name="lostUSD")
+    """What the lost GPU-seconds cost: work paid for and done again."""
+    restore_usd: str | None = msgspec.field(default=None, name="restoreUSD")
+    """What the replacements' starts cost (their Restore segments: checkpoint download and restart)."""
+    recovery_usd: str | None = msgspec.field(default=None, name="recoveryUSD")
+    """What recovering from the losses cost in total: lostUSD + restoreUSD."""
+    covered_usd: str | None = msgspec.field(default=None, name="coveredUSD")
+    """What Nodus paid instead of charging: the lost runs' Boot and the time from their node's last
+    heartbeat to the loss."""
     runs: list[LostRun] = msgspec.field(default_factory=list)
     """The lost runs, oldest first (at most the last 100)."""
 

@@ -105,6 +105,10 @@ class AttemptStarted(BusMessage, tag="AttemptStarted"):
     attempt: str
     node: str
     time: str
+    started_ms: int | None = None
+    """The node's clock (epoch ms) when it began the run: billing starts here (the Boot segment)."""
+    program_ms: int | None = None
+    """The node's clock (epoch ms) when the program was launched: Boot ends, Running begins."""
 
 
 class AttemptProgress(BusMessage, tag="AttemptProgress"):
@@ -131,6 +135,10 @@ class AttemptFinished(BusMessage, tag="AttemptFinished"):
     """The checkpoint the run started from, if one was restored."""
     mean_units_per_second: str | None = None
     """The mean of every throughput the program reported over the run (unitsPerSecond is the last)."""
+    started_ms: int | None = None
+    """As AttemptStarted's (repeated: the finish alone is enough to bill the run exactly)."""
+    stopped_ms: int | None = None
+    """The node's clock (epoch ms) when the run was over (its program gone): billing stops here."""
 
 
 class AttemptCheckpointed(BusMessage, tag="AttemptCheckpointed"):

@@ -114,6 +114,11 @@ class SweepCell(Wire):
     """The throughput the program reported, as a decimal string."""
     wall_seconds: int | None = None
     """The cell's wall time from start to completion."""
+    lost_gpu_seconds: int | None = msgspec.field(default=None, name="lostGPUSeconds")
+    """A Nodus extension: GPU-seconds of work the cell lost with its capacity (its Job's
+    status.recovery.lostGPUSeconds); absent when nothing was lost."""
+    recovery_usd: str | None = msgspec.field(default=None, name="recoveryUSD")
+    """A Nodus extension: what recovering from those losses cost (status.recovery.recoveryUSD)."""
 
 
 class SweepStatus(Wire):
@@ -244,6 +249,8 @@ def widest_cells_bytes(spec: SweepSpec) -> int:
         phase=max(PHASES, key=len),
         units_per_second="9" * WIDEST_UNITS_PER_SECOND,
         wall_seconds=WIDEST_WALL_SECONDS,
+        lost_gpu_seconds=WIDEST_WALL_SECONDS,
+        recovery_usd=WIDEST_COST_USD,
     )
     # One digit each of index and repetition is in the bare row; the rest of their digits come on top.
     total = n * _json_len(bare) + (_digits_total(n) - n) + (n // reps) * (_digits_total(reps) - reps)

@@ -51,7 +51,10 @@ class Record(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
     """The checkpoint (if any) was restored: a relaunch after a crash does not restore over new state."""
     started: str | None = None
     started_epoch_ms: int | None = None
-    """Wall clock of the start: after an agent restart the monotonic clock of the run is gone."""
+    """Wall clock of the start: after an agent restart the monotonic clock of the run is gone. Billing
+    starts here (reported as startedMs)."""
+    launched_epoch_ms: int | None = None
+    """Wall clock of the program's launch (reported as programMs): the Boot segment ends here."""
     finished: str | None = None
     exit_code: int | None = None
     report: AttemptFinished | None = None

@@ -56,9 +56,24 @@ class Reporter:
         """``outbox``: journal reports there (the node agent); None publishes directly (simulated nodes)."""
         self.js, self.node, self.outbox = js, node, outbox
 
-    async def started(self, namespace: str, attempt: str, time: str) -> None:
+    async def started(
+        self,
+        namespace: str,
+        attempt: str,
+        time: str,
+        *,
+        started_ms: int | None = None,
+        program_ms: int | None = None,
+    ) -> None:
         """AttemptStarted: durable in the outbox on return (or acknowledged, without one)."""
-        msg = AttemptStarted(namespace=namespace, attempt=attempt, node=self.node, time=time)
+        msg = AttemptStarted(
+            namespace=namespace,
+            attempt=attempt,
+            node=self.node,
+            time=time,
+            started_ms=started_ms,
+            program_ms=program_ms,
+        )
         await self._send(msg, f"{namespace}/{attempt}:started", tries=8)
         measuring.AGENT_ATTEMPTS_STARTED.inc()
 

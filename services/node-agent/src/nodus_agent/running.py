@@ -99,6 +99,9 @@ def finished(
         outputs=outputs or [],
         restored_from=restored_from,
         mean_units_per_second=format_rate(mean_rate) if mean_rate is not None else None,
+        started_ms=record.started_epoch_ms,
+        # Taken after the program is gone (released, outputs committed): billing stops here.
+        stopped_ms=epoch_ms(),
     )
     return msgspec.structs.replace(
         record, phase=FINISHED, finished=report.time, exit_code=exit_code, report=report, reported=False
@@ -267,7 +270,10 @@ class Runner:
         except LaunchError as e:
             await self._finish(adir, record, e.reason, None, _ms_since(began), e.message, prepared=prepared)
             return
-        record = self.runtime.remember(msgspec.structs.replace(record, phase=RUNNING, restored=True), running)
+        record = self.runtime.remember(
+            msgspec.structs.replace(record, phase=RUNNING, restored=True, launched_epoch_ms=epoch_ms()),
+            running,
+        )
         adir.save(record)
         self._watch_run(msg, adir, record, running, began, prepared)
         log.info(
@@ -308,7 +314,13 @@ class Runner:
             if not adopted:
                 started = run.record.started or now_rfc3339()
                 try:
-                    await self.reporter.started(run.msg.namespace, run.msg.attempt, started)
+                    await self.reporter.started(
+                        run.msg.namespace,
+                        run.msg.attempt,
+                        started,
+                        started_ms=run.record.started_epoch_ms,
+                        program_ms=run.record.launched_epoch_ms,
+                    )
                 except Exception as e:  # the program runs on; its finish report still goes out
                     log.error("AttemptStarted not sent: %s", e, extra={"attempt": run.msg.attempt})
             exit = await self._watch(run)

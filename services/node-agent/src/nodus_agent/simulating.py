@@ -901,7 +901,12 @@ class SimulatedFleet:
         """Once the start is durable: AttemptStarted goes out and the run's clock starts."""
         assert self._loop is not None
         started = run.record.started or now_rfc3339()
-        self._send(functools.partial(run.node.reporter.started, run.namespace, run.attempt, started), run.ctx)
+        # A simulated node boots nothing: its program starts when the run does (both on its clock).
+        ms = run.record.started_epoch_ms
+        report = functools.partial(
+            run.node.reporter.started, run.namespace, run.attempt, started, started_ms=ms, program_ms=ms
+        )
+        self._send(report, run.ctx)
         if run.done:
             return  # stopped in the same batch
         run.began = self._loop.time()

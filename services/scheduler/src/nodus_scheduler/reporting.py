@@ -116,7 +116,13 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
     if isinstance(report, AttemptStarted):
         if st.phase == "Running":
             return None
-        st = msgspec.structs.replace(st, phase="Running", start_time=report.time)
+        st = msgspec.structs.replace(
+            st,
+            phase="Running",
+            start_time=report.time,
+            billing_start_ms=report.started_ms,
+            program_start_ms=report.program_ms,
+        )
     elif isinstance(report, AttemptProgress):
         st = msgspec.structs.replace(st, units_per_second=report.units_per_second)
     elif isinstance(report, AttemptCheckpointed):
@@ -140,5 +146,7 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
             start_time=st.start_time or report.time,
             outputs=list(report.outputs),
             restored_from=report.restored_from or st.restored_from,
+            billing_start_ms=st.billing_start_ms or report.started_ms,
+            billing_stop_ms=report.stopped_ms,
         )
     return msgspec.structs.replace(a, status=st)

@@ -382,7 +382,10 @@ def gang_check(view: View, now: datetime) -> float | None:
     return min((t - now).total_seconds() for t in times) if times else None
 
 
-def as_lost(a: Attempt) -> Attempt | None:
+def as_lost(a: Attempt, heartbeat_ms: int | None = None) -> Attempt | None:
+    """The Attempt lost with its node. ``heartbeat_ms``, the node's last heartbeat (its own clock), is
+    where billing stops: what the program ran until then is charged, the rest up to the loss is covered
+    by Nodus (nodus_billing.segmenting)."""
     if a.status.phase in ATTEMPT_TERMINAL:
         return None
     return msgspec.structs.replace(
@@ -393,6 +396,7 @@ def as_lost(a: Attempt) -> Attempt | None:
             reason="NodeLost",
             finish_time=now_rfc3339(),
             message=f"node {a.spec.node} stopped heartbeating",
+            billing_stop_ms=heartbeat_ms,
         ),
     )
 

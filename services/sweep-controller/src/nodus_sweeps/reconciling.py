@@ -431,6 +431,8 @@ def _cell_row(cell: Cell, job: Job | None, sweeps_gpu: bool, sweeps_region: bool
         wall_seconds=st.wall_seconds if st else None,
         units_per_second=st.units_per_second if st else None,
         cost_usd=st.cost.total_usd if st and st.cost else None,
+        lost_gpu_seconds=st.recovery.lost_gpu_seconds if st and st.recovery else None,
+        recovery_usd=st.recovery.recovery_usd if st and st.recovery else None,
     )
 
 
