@@ -12,6 +12,7 @@ import base64
 import json
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from nodus_agent.envcontract import NO_COMMAND
 from nodus_agent.running import AGENT_RESTARTED
 from nodus_agent.service import AgentService
 from nodus_kit import messaging
+from nodus_kit.errors import NotFound
 from nodus_kit.servicing import Settings
 from nodus_kit.storing import ObjectStore
 from nodus_schema.configs import Secret
@@ -220,6 +222,26 @@ async def test_node_registers_with_fake_gpus_heartbeats_and_goes_not_ready(
     assert (await store.get(None, unique)).status.phase == "NotReady"
 
 
+async def test_a_deleted_node_record_is_registered_again(agent: Agent, nc: NATS) -> None:
+    # The scheduler deletes the record of a node NotReady for too long, or an operator deletes it
+    # (nodus_scheduler.retiring, DELETE .../nodes/<name>): an agent still running registers it again.
+    store = ObjectStore(nc, "nodes", Node)
+    first = await store.get(None, agent.node)
+    await store.delete(None, agent.node)
+
+    async def back() -> Node | None:
+        try:
+            return await store.get(None, agent.node)
+        except NotFound:
+            return None  # not yet: the next heartbeat finds it gone
+
+    node = await eventually(back, deadline_s=5, message="the deleted Node was never registered again")
+    assert node.metadata.uid != first.metadata.uid  # a new record, not the old one brought back
+    assert node.status.phase == "Ready" and node.spec == first.spec
+    assert node.status.gpus == first.status.gpus
+    assert await agent.service.checks()["registered"]()
+
+
 # -- running ------------------------------------------------------------------------------------------------
 async def test_program_sees_the_env_contract(
     agent: Agent, unique: str, monkeypatch: pytest.MonkeyPatch
@@ -296,6 +318,24 @@ async def test_non_zero_exit_is_an_error_with_the_log_tail(agent: Agent, unique:
     assert finished.message is not None and "exited with code 3" in finished.message
     assert "CUDA out of memory: tried to allocate 2.00 GiB" in finished.message
     assert finished.wall_millis > 0
+
+
+async def test_the_node_reports_where_billing_starts_and_stops_in_milliseconds(
+    agent: Agent, unique: str
+) -> None:
+    """Exact metering (#18): the start of the run, the program's launch and the stop, on the node's clock."""
+    attempt = f"{unique}-times"
+    before = time.time_ns() // 1_000_000
+    await agent.assign(
+        agent.start_msg(attempt, python("import time; time.sleep(0.3)")), msg_id=f"{attempt}:s"
+    )
+    finished = await agent.reports.wait_finished(attempt)
+    after = time.time_ns() // 1_000_000
+    (started,) = agent.reports.started(attempt)
+    assert started.started_ms is not None and started.program_ms is not None
+    assert before <= started.started_ms <= started.program_ms
+    assert finished.started_ms == started.started_ms
+    assert finished.stopped_ms is not None and started.program_ms + 300 <= finished.stopped_ms <= after
 
 
 async def test_stop_attempt_stops_the_program_and_its_group(agent: Agent, unique: str) -> None:

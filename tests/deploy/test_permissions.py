@@ -203,6 +203,8 @@ def expected(user: str) -> set[str]:
             own
             | _rights("write", *GATEWAY_WRITES)
             | _reader(*GATEWAY_WRITES, "attempts", "nodes", "offerings")
+            # Every Node's key (the cluster admin's delete), and no other key of the nodes bucket.
+            | _rights("node", *NODES)
             | {"read:NODUS_LOGS", "info:NODUS_LOGS", "names"}
             | _rights("ask", ESTIMATE_SUBJECT, QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT)
             | {"serve:node"}
@@ -485,6 +487,9 @@ async def test_gateway_does_its_work(bus: Bus) -> None:
         await kv_round_trip(gw, bucket, None if bucket in ("tokens", "projects") else space)
     for bucket in ("attempts", "nodes", "offerings"):  # read-only for it
         await ObjectStore(gw, bucket, Thing).list(space)
+    # But for the cluster admin's delete of a Node (an agent's record, gone for good).
+    left = await ObjectStore(scheduler, "nodes", Thing).create(thing(f"left-{space}", None))
+    await ObjectStore(gw, "nodes", Thing).delete(None, left.metadata.name or "")
     # Logs: an agent ships a batch, the gateway finds the last one and reads the Job's subjects.
     subject = f"nodus.logs.n1.{space}.job.a1"
     await agent.jetstream().publish(subject, b'{"lines":[]}')

@@ -292,6 +292,8 @@ def test_decisions() -> None:
     assert decide(alice, "get", "nodes", None, "n1") is None  # the read-only catalog
     assert decide(alice, "list", "offerings", None) is None
     assert decide(alice, "create", "nodes", None) is not None
+    assert decide(alice, "delete", "nodes", None, "n1") is not None  # the cluster admin's alone
+    assert decide(ADMIN, "delete", "nodes", None, "n1") is None
     assert decide(alice, "list", "sweeps", None) is None  # all namespaces, filtered by the route
     assert decide(alice, "list", "tokens", None) is None  # admin of project c
     assert decide(Principal(name="v", roles={"a": "viewer"}), "list", "tokens", None) is not None

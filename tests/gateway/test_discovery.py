@@ -67,6 +67,9 @@ async def test_resource_list_has_names_verbs_short_names_and_categories(api: htt
         assert by_name[sub]["singularName"] == ""
         assert "get" in by_name[sub]["verbs"]
     assert by_name["sweeps/results"]["verbs"] == ["get"], "results are read, never written"
+    # Written by services; the cluster admin may delete a Node (kubectl delete node.nodus.dev/<name>).
+    assert by_name["nodes"]["verbs"] == ["delete", "get", "list"]
+    assert by_name["offerings"]["verbs"] == ["get", "list"]
     # Every row of the resource table that has routes is listed, with its own scope.
     for res in RESOURCES:
         if res.plural in by_name:

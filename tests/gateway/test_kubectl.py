@@ -24,6 +24,9 @@ from nats.aio.client import Client as NATS
 from nodus_gateway.app import build_app
 from nodus_gateway.resources import stores_for
 from nodus_gateway.server import ApiServer
+from nodus_kit.storing import ObjectStore
+from nodus_schema import ObjectMeta
+from nodus_schema.nodes import Node, NodeSpec
 from nodus_testing import certs
 from nodus_testing.localstack import Stack, kubeconfig
 
@@ -145,6 +148,16 @@ async def test_create_get_describe_delete(kubectl: Kubectl, unique: str) -> None
     assert deleted.stdout.strip() == 'sweep.nodus.dev "lr" deleted'
     empty = await kubectl("get", "sweeps", *ns)
     assert f"No resources found in {unique} namespace." in empty.stderr
+
+
+async def test_the_admin_deletes_a_node(kubectl: Kubectl, nc: NATS, unique: str) -> None:
+    # A cluster-scoped kind, and the one write its row allows (the record of an agent gone for good).
+    node = Node(metadata=ObjectMeta(name=unique), spec=NodeSpec(offering="l4-x1-us", region_class="us"))
+    await ObjectStore(nc, "nodes", Node).create(node)
+    deleted = await kubectl("delete", f"node.nodus.dev/{unique}")
+    assert deleted.stdout.strip() == f'node.nodus.dev "{unique}" deleted'
+    missing = await kubectl("get", f"node.nodus.dev/{unique}", ok=False)
+    assert f'nodes.nodus.dev "{unique}" not found' in missing.stderr
 
 
 async def test_explain_reads_the_openapi_v3_schema(kubectl: Kubectl) -> None:

@@ -1,5 +1,6 @@
-"""The resources beyond Sweeps and Jobs: attempts, nodes and offerings (read-only), secrets (write-only
-values) and connections; and the resource table's discovery-facing fields."""
+"""The resources beyond Sweeps and Jobs: attempts, nodes and offerings (read-only; the cluster admin may
+delete a Node), secrets (write-only values) and connections; and the resource table's discovery-facing
+fields."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def test_table_declares_scope_verbs_and_categories() -> None:
     assert [p for p, r in by_plural.items() if not r.namespaced] == ["nodes", "offerings"]
     for plural in ("attempts", "nodes", "offerings"):
         r = by_plural[plural]
-        assert r.read_only and set(r.verbs) <= {"get", "list", "watch"} and r.written_by
+        assert r.read_only and set(r.verbs) <= {"get", "list", "watch", "delete"} and r.written_by
+        # Never created or changed through the API; only a Node may be deleted (the cluster admin's).
+        assert ("delete" in r.verbs) == (plural == "nodes")
     for plural in ("sweeps", "jobs", "connections"):
         assert {"create", "get", "list", "update", "patch", "delete"} <= set(by_plural[plural].verbs)
     assert by_plural["sweeps"].subresources == ("status", "results")
@@ -120,8 +123,42 @@ async def test_nodes_are_listed_cluster_wide_after_an_agent_writes_one(
     got = await api.get(f"{API}/nodes/{unique}")
     assert got.status_code == 200 and got.json()["spec"]["offering"] == "h100-x1"
     assert "namespace" not in got.json()["metadata"]
-    body = assert_status(await api.delete(f"{API}/nodes/{unique}"), 405, "MethodNotAllowed")
-    assert "node agents" in body["fix"]
+
+
+async def test_the_admin_deletes_a_node_and_nothing_else_writes_one(
+    api: httpx.AsyncClient, nc: NATS, unique: str
+) -> None:
+    # Issue #18: the record of an agent gone for good, removed by the operator (kubectl delete node).
+    node = Node(metadata=ObjectMeta(name=unique), spec=NodeSpec(offering="h100-x1", region_class="us"))
+    made = await ObjectStore(nc, "nodes", Node).create(node)
+    item = f"{API}/nodes/{unique}"
+    writes = [
+        api.post(f"{API}/nodes", json={"metadata": {"name": "x"}}),
+        api.put(item, json={"metadata": {"name": unique}}),
+        api.patch(item, json={}, headers={"Content-Type": "application/merge-patch+json"}),
+        api.delete(f"{API}/nodes"),  # deletecollection: one at a time only
+    ]
+    for write in writes:
+        resp = await write
+        body = assert_status(resp, 405, "MethodNotAllowed")
+        assert "node agents" in body["fix"]
+        item_write = resp.request.method in ("PUT", "PATCH")
+        assert resp.headers["allow"] == ("GET, HEAD, DELETE" if item_write else "GET, HEAD")
+    # A precondition on another revision is a Conflict; a dry run deletes nothing.
+    stale = {"preconditions": {"resourceVersion": "1"}}
+    assert_status(await api.request("DELETE", item, json=stale), 409, "Conflict")
+    dry = await api.delete(item, params={"dryRun": "All"})
+    assert dry.status_code == 200 and (await api.get(item)).status_code == 200
+    rv = made.metadata.resource_version
+    deleted = await api.request("DELETE", item, json={"preconditions": {"resourceVersion": rv}})
+    assert deleted.status_code == 200, deleted.text
+    body = deleted.json()
+    assert (body["kind"], body["metadata"]["name"]) == ("Node", unique)
+    assert body["metadata"]["deletionTimestamp"]
+    assert_status(await api.get(item), 404, "NotFound")
+    assert_status(await api.delete(item), 404, "NotFound")
+    assert unique not in [i["metadata"]["name"] for i in (await api.get(f"{API}/nodes")).json()["items"]]
+    assert_status(await api.delete(f"{API}/nodes/Not_A_Name"), 404, "NotFound")
 
 
 def catalog(unique: str, version: str, offerings: list[tuple[str, int]]) -> Catalog:

@@ -182,8 +182,10 @@ async def test_writes_that_are_always_405_are_documented_as_405(app: FastAPI, ap
         assert op["responses"]["405"]["content"]["application/json"]["schema"] == ref("Status")
         served = path.replace("{namespace}", "p").replace("{name}", "n")
         assert_status(await api.request(method.upper(), served, json={}), 405, "MethodNotAllowed")
-    # What is served keeps its answers.
+    # What is served keeps its answers: a Node's delete (the cluster admin's) answers the deleted Node.
     assert "200" in doc["paths"][f"{API}/namespaces/{{namespace}}/sweeps/{{name}}"]["put"]["responses"]
+    node_delete = doc["paths"][f"{API}/nodes/{{name}}"]["delete"]["responses"]["200"]
+    assert node_delete["content"]["application/json"]["schema"] == {"anyOf": [ref("Node"), ref("Status")]}
     assert "200" in doc["paths"][f"{API}/namespaces/{{namespace}}/sweeps/{{name}}/status"]["get"]["responses"]
 
 

@@ -19,6 +19,9 @@ from nodus_gateway.app import build_app
 from nodus_gateway.authorizing import ADMIN, Principal, visible_namespaces
 from nodus_gateway.principals import Principals
 from nodus_gateway.resources import stores_for
+from nodus_kit.storing import ObjectStore
+from nodus_schema import ObjectMeta
+from nodus_schema.nodes import Node, NodeSpec
 
 ADMIN_TOKEN = "tenancy-admin-token-0123456789"
 V1 = "/apis/nodus.dev/v1"
@@ -64,6 +67,8 @@ class Tenants:
     bob: httpx.AsyncClient
     bobs_sweep: str
     """A Sweep in project B, created by the cluster admin."""
+    app: FastAPI
+    """The gateway, for a client of another token."""
 
 
 async def mint(admin: httpx.AsyncClient, principal: str, roles: dict[str, str]) -> str:
@@ -87,7 +92,7 @@ async def tenants(nc: NATS, unique: str) -> AsyncIterator[Tenants]:
         resp = await admin.post(sweeps(b), json=sweep_body("bobs"))
         assert resp.status_code == 201, resp.text
         async with client(app, alice_token) as alice, client(app, bob_token) as bob:
-            yield Tenants(a, b, admin, alice, bob, "bobs")
+            yield Tenants(a, b, admin, alice, bob, "bobs", app)
 
 
 def assert_reason(resp: httpx.Response, code: int, reason: str) -> dict[str, Any]:
@@ -226,6 +231,25 @@ async def test_cluster_scoped_needs_cluster_admin(tenants: Tenants) -> None:
     body = assert_reason(resp, 403, "Forbidden")
     assert "at the cluster scope" in body["message"]
     assert_reason(await tenants.alice.delete(f"{V1}/projects/{tenants.b}"), 403, "Forbidden")
+
+
+async def test_only_the_cluster_admin_deletes_a_node(tenants: Tenants, nc: NATS, unique: str) -> None:
+    node = Node(metadata=ObjectMeta(name=unique), spec=NodeSpec(offering="h100-x1", region_class="us"))
+    await ObjectStore(nc, "nodes", Node).create(node)
+    item = f"{V1}/nodes/{unique}"
+    assert (await tenants.alice.get(item)).status_code == 200  # every tenant reads the catalog
+    project_admin = await mint(tenants.admin, "carol", {tenants.a: "admin"})
+    async with client(tenants.app, project_admin) as carol:
+        for tenant, who in ((tenants.alice, "alice"), (tenants.bob, "bob"), (carol, "carol")):
+            body = assert_reason(await tenant.delete(item), 403, "Forbidden")
+            assert body["message"] == (
+                f'nodes.nodus.dev "{unique}" is forbidden: User "{who}" cannot delete resource "nodes" '
+                'in API group "nodus.dev" at the cluster scope'
+            )
+            assert "cluster admin" in body["fix"]
+    assert (await tenants.admin.get(item)).status_code == 200  # still there
+    assert (await tenants.admin.delete(item)).status_code == 200
+    assert_reason(await tenants.admin.get(item), 404, "NotFound")
 
 
 async def _all_namespaces_route(app_client: httpx.AsyncClient) -> bool:

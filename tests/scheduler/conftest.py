@@ -233,6 +233,8 @@ class Rig:
     scheduler: SchedulerService | None = None
     billing: BillingService | None = None
     funding: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    """More of the scheduler's settings (``NODUS_NODE_UNREACHABLE_GRACE_S``, ...)."""
 
     @property
     def jobs(self) -> ObjectStore[Job]:
@@ -252,6 +254,7 @@ class Rig:
                 "NODUS_RESYNC_S": "2",
                 # Billing is part of the rig only when asked for (test_funding.py): else no holds.
                 "NODUS_FUNDING": "on" if self.funding else "off",
+                **self.env,
             },
         )
         svc = SchedulerService(settings)
@@ -313,16 +316,22 @@ class Rig:
 
 @contextlib.asynccontextmanager
 async def _rig(
-    script: Script = succeed, nodes: int = 4, *, scheduler: bool = True, funding: bool = False
+    script: Script = succeed,
+    nodes: int = 4,
+    *,
+    scheduler: bool = True,
+    funding: bool = False,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Rig]:
-    """A fresh nats-server (cluster-scoped Nodes must not leak between tests), a fleet, a scheduler."""
+    """A fresh nats-server (cluster-scoped Nodes must not leak between tests), a fleet, a scheduler with
+    the settings ``env`` adds."""
     with NatsServer() as server:
         nc = await connect(server.url, "rig", nkey_seed=server.harness_seed)
         await declaring.ensure(nc.jetstream())
         fleet = Fleet(nc, script)
         await fleet.add_nodes(nodes)
         await fleet.start()
-        r = Rig(server, nc, fleet, funding=funding)
+        r = Rig(server, nc, fleet, funding=funding, env=dict(env or {}))
         if scheduler:
             await r.start_scheduler()
         try:
@@ -336,5 +345,5 @@ async def _rig(
 
 @pytest.fixture
 def make_rig() -> Callable[..., contextlib.AbstractAsyncContextManager[Rig]]:
-    """``async with make_rig(script, nodes=4) as rig:`` — see :class:`Rig` and :class:`Fleet`."""
+    """``async with make_rig(script, nodes=4, env={...}) as rig:`` — see :class:`Rig` and :class:`Fleet`."""
     return _rig

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nodus_scheduler.capacity import CapacityIndex
+from nodus_scheduler.capacity import CapacityIndex, gone_at
 from nodus_scheduler.cataloging import load_catalog
 from nodus_scheduler.placing import (
     REASONS,
@@ -475,6 +475,40 @@ def test_heartbeats_go_stale_in_the_index_without_any_change(catalog: Catalog) -
     assert refused(place_in(index, job, catalog, NOW + timedelta(seconds=15))) == "0/1 nodes: 1 not ready"
     index.upsert(node("l4", "l4-x1-us", beat_age_s=-15), NOW + timedelta(seconds=15))  # a new heartbeat
     assert placed(place_in(index, job, catalog, NOW + timedelta(seconds=15))) == "l4"
+
+
+def test_a_node_not_ready_past_the_unreachable_grace_leaves_the_index(catalog: Catalog) -> None:
+    # Issue #18: the nodes of stopped or killed agents leave placement and its explanations.
+    nodes = [
+        node("l4", "l4-x1-us"),
+        node("down", "l4-x1-us", phase="NotReady", beat_age_s=10),
+        node("stopped", "l4-x1-us", phase="NotReady", beat_age_s=601),  # past the grace: not counted
+        node("killed", "l4-x1-us", beat_age_s=700),  # never marked NotReady: silent is NotReady
+    ]
+    index = CapacityIndex.of(nodes, {"l4"}, NOW, unreachable=timedelta(seconds=600))
+    job = spec("L4:1")
+    assert refused(place_in(index, job, catalog, NOW)) == "0/2 nodes: 1 not ready, 1 busy"
+    assert "stopped" not in index and "killed" not in index
+    # Time alone takes "down" out too, with no change to its record; l4 keeps beating.
+    later = NOW + timedelta(seconds=591)
+    index.upsert(node("l4", "l4-x1-us", beat_age_s=-590), later)
+    assert refused(place_in(index, job, catalog, later)) == "0/1 nodes: 1 busy"
+    assert sum(g.total for g in index.groups()) == len(index) == 1
+    # Its agent comes back: a heartbeat puts it in again, and it is placed.
+    index.upsert(node("down", "l4-x1-us", beat_age_s=-591), later)
+    assert placed(place_in(index, job, catalog, later)) == "down"
+    # Without an unreachable grace (estimates' per-call index, the default) nothing leaves.
+    assert refused(place(job, nodes, {"l4"}, catalog, NOW)) == "0/4 nodes: 3 not ready, 1 busy"
+
+
+def test_gone_counts_from_the_last_heartbeat_never_before_the_heartbeat_grace() -> None:
+    second = timedelta(seconds=1)
+    # An agent that stopped said NotReady itself: gone one grace after it did.
+    assert gone_at(node("a", "l4-x1-us", phase="NotReady", beat_age_s=0), second) == NOW + second
+    # One that was killed is Ready for the heartbeat grace (15 s) after its last beat: not gone before.
+    assert gone_at(node("b", "l4-x1-us", beat_age_s=0), second) == NOW + timedelta(seconds=15)
+    assert gone_at(node("c", "l4-x1-us", beat_age_s=0), 60 * second) == NOW + 60 * second
+    assert gone_at(Node(metadata=ObjectMeta(name="d")), second) is None  # no time to count from
 
 
 def test_the_index_answers_what_the_per_node_wrapper_answers(catalog: Catalog) -> None:

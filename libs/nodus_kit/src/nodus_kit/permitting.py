@@ -88,7 +88,8 @@ class Access:
     gets: tuple[str, ...] = ()
     """Buckets it reads key by key only (direct get of a key it names): no listing, no scan."""
     keys: tuple[tuple[str, str], ...] = ()
-    """(bucket, key) it reads and writes, and no other key of that bucket: a lease, its own Node."""
+    """(bucket, key) it reads and writes, and no other key of that bucket (unless it lists the bucket): a
+    lease, its own Node; a key may be a pattern (``_.*``: every cluster-scoped key, none of ``_meta``)."""
     publishes: tuple[str, ...] = ()
     """Stream subjects it publishes to (each inside a declared stream)."""
     durables: tuple[Durable, ...] = ()
@@ -109,7 +110,8 @@ class Access:
 BILLING_RPC: Final = (QUOTE_SUBJECT, HOLD_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT)
 
 GATEWAY = Access(
-    "the nodus.dev/v1 API: spec and metadata of user objects, auth, logs, estimates and accounts (asks)",
+    "the nodus.dev/v1 API: spec and metadata of user objects, auth, logs, estimates and accounts (asks); "
+    "deletes Nodes (the cluster admin's)",
     writes=("sweeps", "jobs", "secrets", "connections", "budgets", "tokens", "projects"),
     lists=(
         "sweeps",
@@ -123,6 +125,9 @@ GATEWAY = Access(
         "nodes",
         "offerings",
     ),
+    # Nodes: the cluster admin's delete of a record its agent left behind (nodus_gateway.clusterrouting).
+    # A delete is a write on the bus (a KV delete marker), so the right is the write of the Node keys.
+    keys=(("nodes", "_.*"),),
     reads=(LOGS,),
     requests=(ESTIMATE_SUBJECT, QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT),
     # The Node authorizer (nodus_gateway.noding): a run's Secrets and Connections for the node it is

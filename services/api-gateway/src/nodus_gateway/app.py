@@ -64,7 +64,7 @@ def build_app(
         openapi_router(),
         # Rows served by modules of their own (resources.Resource.served_by) come before the generic
         # routes, so that theirs answer first on any path both would serve.
-        cluster_router(stores),
+        cluster_router(stores, max_body_bytes=max_body_bytes),
         secret_router(stores, max_body_bytes=max_body_bytes),
         log_router(stores),
         # A Sweep's results (rows, best cells, CSV), read from the Sweep its controller keeps current.

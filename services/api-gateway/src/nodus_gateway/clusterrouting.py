@@ -3,7 +3,9 @@
 Services write these objects (the scheduler its Attempts and the published price book, node agents their
 Nodes); the API only reads them: list and get, and 405 MethodNotAllowed with who writes them for every
 write verb. Paths are Kubernetes': ``/apis/nodus.dev/v1/namespaces/{namespace}/attempts[/{name}]`` and,
-for cluster-scoped rows, ``/apis/nodus.dev/v1/nodes[/{name}]``.
+for cluster-scoped rows, ``/apis/nodus.dev/v1/nodes[/{name}]``. A row whose verbs list ``delete`` (Nodes)
+is deleted here too, one object at a time, with Kubernetes' DeleteOptions (deleting.py): only the cluster
+admin may (authorizing.py), as ``kubectl delete node`` removes the record of a machine that is gone.
 
 This module serves list and get of the rows with ``served_by="clusterrouting"`` (the cluster-scoped ones:
 the generic routes serve namespaced rows only), and, for every ``read_only`` row, the write verbs, so
@@ -21,7 +23,10 @@ from typing import Annotated, Any, Final
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
+from nodus_gateway import bodies
 from nodus_gateway.authorizing import authorize
+from nodus_gateway.deleting import delete_object, delete_options
+from nodus_gateway.querying import DryRunQ, PropagationQ, dry_run_of
 from nodus_gateway.resources import RESOURCES, Resource, Stores
 from nodus_gateway.responding import ApiError, not_found, object_response, store_errors
 from nodus_gateway.routing import API_PREFIX
@@ -92,16 +97,19 @@ async def list_response(
     return object_response(out)
 
 
-def method_not_allowed(res: Resource, method: str) -> ApiError:
-    """405 for a write to a read-only resource, saying who writes it (Allow says what this path takes)."""
+def method_not_allowed(res: Resource, method: str, *, item: bool = False) -> ApiError:
+    """405 for a write to a read-only resource, saying who writes it (Allow says what this path takes:
+    an object of a deletable row also takes DELETE)."""
     who = res.written_by or "the Nodus services"
+    deletable = item and "delete" in res.verbs
+    also = "; the cluster admin may DELETE one" if deletable else ""
     status = status_for(
         "MethodNotAllowed",
         f"{res.group_resource} is read-only: the server does not allow {method} on it",
         kind=res.plural,
-        fix=f"{res.plural.capitalize()} are written by {who}; read them with GET (list or get).",
+        fix=f"{res.plural.capitalize()} are written by {who}; read them with GET (list or get){also}.",
     )
-    return ApiError(status, headers={"Allow": "GET, HEAD"})
+    return ApiError(status, headers={"Allow": "GET, HEAD, DELETE" if deletable else "GET, HEAD"})
 
 
 def _paths(res: Resource) -> tuple[str, str]:
@@ -111,20 +119,26 @@ def _paths(res: Resource) -> tuple[str, str]:
 
 
 def refusal_router(res: Resource) -> APIRouter:
-    """405 for every write verb on a read-only row, with who writes it (and Allow: GET)."""
+    """405 for every write verb on a read-only row, with who writes it (and Allow: GET), but the DELETE of
+    one object of a row that lists ``delete`` (served by :func:`read_only_router`)."""
     collection, item = _paths(res)
     router = APIRouter(tags=[res.plural])
+    methods = [m for m in WRITE_METHODS if m != "DELETE" or "delete" not in res.verbs]
 
     @router.api_route(collection, methods=["POST", "DELETE"], name=f"write {res.plural}")
-    @router.api_route(item, methods=list(WRITE_METHODS), name=f"write {res.singular}")
     async def write(request: Request) -> Response:
         raise method_not_allowed(res, request.method)
+
+    @router.api_route(item, methods=methods, name=f"write {res.singular}")
+    async def write_one(request: Request) -> Response:
+        raise method_not_allowed(res, request.method, item=True)
 
     return router
 
 
-def read_only_router(res: Resource, stores: Stores) -> APIRouter:
-    """List and get of one row (cluster-scoped or namespaced), every object through its redaction."""
+def read_only_router(res: Resource, stores: Stores, *, max_body_bytes: int) -> APIRouter:
+    """List and get of one row (cluster-scoped or namespaced), every object through its redaction; and
+    delete where its verbs list it."""
     store = stores[res.plural]
     collection, item = _paths(res)
     router = APIRouter(tags=[res.plural])
@@ -161,15 +175,34 @@ def read_only_router(res: Resource, stores: Stores) -> APIRouter:
             obj = await store.get(namespace, name)
         return object_response(res.redact(obj))
 
+    if "delete" not in res.verbs:
+        return router
+
+    @router.delete(item, name=f"delete {res.singular}")
+    async def delete(
+        request: Request, name: str, propagation_policy: PropagationQ = None, dry_run: DryRunQ = None
+    ) -> Response:
+        namespace = _namespace(request)
+        await authorize(request, "delete", res.plural, namespace)
+        check_name(res, name, namespace)
+        body = await bodies.read_body(request, max_body_bytes)  # DeleteOptions: kubectl sends one
+        parsed = bodies.parse(body, bodies.media_type(request)) if body.strip() else None
+        options = delete_options(propagation_policy, parsed)
+        with store_errors(res, namespace or "", name):
+            deleted = await delete_object(res, stores, namespace, name, options, dry_run=dry_run_of(dry_run))
+        # Kubernetes returns the deleted object for custom resources (with its deletionTimestamp).
+        return object_response(res.redact(deleted))
+
     return router
 
 
-def cluster_router(stores: Stores) -> APIRouter:
-    """The routes of this module: 405s for every read-only row, list and get for the rows it serves."""
+def cluster_router(stores: Stores, *, max_body_bytes: int) -> APIRouter:
+    """The routes of this module: 405s for every read-only row, list and get (and delete where allowed)
+    for the rows it serves."""
     router = APIRouter()
     for res in RESOURCES:
         if res.read_only:
             router.include_router(refusal_router(res))
         if res.served_by == "clusterrouting":
-            router.include_router(read_only_router(res, stores))
+            router.include_router(read_only_router(res, stores, max_body_bytes=max_body_bytes))
     return router

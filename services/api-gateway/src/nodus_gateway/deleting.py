@@ -80,7 +80,13 @@ def delete_options(query_policy: str | None, body: Any) -> DeleteOptions:
 
 
 async def delete_object(
-    res: Resource, stores: Stores, namespace: str, name: str, options: DeleteOptions, *, dry_run: bool = False
+    res: Resource,
+    stores: Stores,
+    namespace: str | None,
+    name: str,
+    options: DeleteOptions,
+    *,
+    dry_run: bool = False,
 ) -> Any:
     """Delete one object per ``options``; returns it as last stored. Store errors propagate (the caller
     words them for the resource). A dry run checks the preconditions and deletes nothing."""
@@ -139,7 +145,9 @@ async def _delete_checked(res: Resource, store: Any, current: Any, options: Dele
     raise kit.Conflict(f"{res.plural} {meta.namespace}/{meta.name} kept changing; try again")
 
 
-async def _owned(res: Resource, stores: Stores, namespace: str, uid: str | None) -> list[tuple[str, Any]]:
+async def _owned(
+    res: Resource, stores: Stores, namespace: str | None, uid: str | None
+) -> list[tuple[str, Any]]:
     """(plural, object) of every object in ``namespace`` owned by the object ``uid``."""
     if not uid:
         return []
@@ -150,7 +158,7 @@ async def _owned(res: Resource, stores: Stores, namespace: str, uid: str | None)
     return out
 
 
-async def _delete_dependents(res: Resource, stores: Stores, namespace: str, uid: str | None) -> None:
+async def _delete_dependents(res: Resource, stores: Stores, namespace: str | None, uid: str | None) -> None:
     for plural, obj in await _owned(res, stores, namespace, uid):
         try:
             await stores[plural].delete(namespace, obj.metadata.name)
@@ -158,7 +166,7 @@ async def _delete_dependents(res: Resource, stores: Stores, namespace: str, uid:
             pass  # gone already: what was wanted
 
 
-async def _orphan(res: Resource, stores: Stores, namespace: str, uid: str | None) -> None:
+async def _orphan(res: Resource, stores: Stores, namespace: str | None, uid: str | None) -> None:
     """Remove the owner's reference from each owned object (their labels stay, as in Kubernetes)."""
 
     def without_owner(obj: Any) -> Any:

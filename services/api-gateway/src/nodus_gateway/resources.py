@@ -6,8 +6,9 @@ the routes must honour:
 
 * ``namespaced``: objects live in a project (``/namespaces/{ns}/<plural>``) or at the cluster scope
   (``/<plural>``, stored under the key ``_.<name>``);
-* ``verbs``: the Kubernetes verbs the resource supports; ``read_only`` rows support reading only and
-  are written by a service (``written_by``), never through the API;
+* ``verbs``: the Kubernetes verbs the resource supports; ``read_only`` rows are written by a service
+  (``written_by``), never created or changed through the API: they support reading, and a row may add
+  ``delete`` for the cluster admin (a Node its agent left behind, as ``kubectl delete node``);
 * ``redact``: removes write-only fields (a Secret's values) from an object before it leaves the API; every
   response and watch event of the row must pass its objects through it;
 * ``served_by``: the module whose routes serve the row. The generic routes (routing.py) serve the rows
@@ -64,8 +65,11 @@ MAX_DERIVED_NAME: Final = 253
 
 
 # The generic routes (routing.py) serve namespaced rows only: cluster-scoped read-only rows are
-# clusterrouting.py's, which serves get and list (watch joins when the generic routes serve them).
+# clusterrouting.py's, which serves get and list (watch joins when the generic routes serve them), and
+# delete where the row allows it.
 _CLUSTER_SERVED: Final = ("get", "list")
+READ_ONLY_VERBS: Final = (*READ_VERBS, "delete")
+"""What a read-only row may support: reading, and deleting (never create, update or patch)."""
 
 
 def _unchanged(obj: Any) -> Any:
@@ -89,6 +93,7 @@ class Resource:
     namespaced: bool = True
     verbs: tuple[str, ...] = ALL_VERBS
     read_only: bool = False
+    """Written by a service: never created, updated or patched through the API (deleted, if verbs say so)."""
     written_by: str | None = None
     """Who writes a read-only resource (for the fix of a 405): "the scheduler", "node agents"."""
     categories: tuple[str, ...] = CATEGORIES
@@ -106,8 +111,8 @@ class Resource:
         unknown = set(self.verbs) - set(ALL_VERBS)
         if unknown:
             raise ValueError(f"{self.plural}: unknown verbs {sorted(unknown)}")
-        if self.read_only and not set(self.verbs) <= set(READ_VERBS):
-            raise ValueError(f"{self.plural}: a read-only resource supports only {READ_VERBS}")
+        if self.read_only and not set(self.verbs) <= set(READ_ONLY_VERBS):
+            raise ValueError(f"{self.plural}: a read-only resource supports only {READ_ONLY_VERBS}")
 
     @property
     def group_resource(self) -> str:
@@ -132,11 +137,22 @@ def _written_by(plural: str, who: str) -> Callable[[Any], list[FieldError]]:
 
 
 def _read_only(
-    plural: str, singular: str, kind: str, obj: type[Any], lst: type[Any], who: str, **kw: Any
+    plural: str,
+    singular: str,
+    kind: str,
+    obj: type[Any],
+    lst: type[Any],
+    who: str,
+    *,
+    deletable: bool = False,
+    **kw: Any,
 ) -> Resource:
     """A row written by a service: the generic routes serve it when namespaced, clusterrouting.py when
-    cluster-scoped; clusterrouting.py answers every write with 405 and who writes it, in both cases."""
+    cluster-scoped; clusterrouting.py answers every write with 405 and who writes it, in both cases.
+    ``deletable`` (cluster-scoped rows): clusterrouting.py serves delete too, which only the cluster admin
+    may do (authorizing.py)."""
     namespaced = kw.get("namespaced", True)
+    verbs = READ_VERBS if namespaced else _CLUSTER_SERVED
     return Resource(
         plural=plural,
         singular=singular,
@@ -146,7 +162,7 @@ def _read_only(
         list_type=lst,
         default=_unchanged,
         validate=_written_by(plural, who),
-        verbs=READ_VERBS if namespaced else _CLUSTER_SERVED,
+        verbs=(*verbs, "delete") if deletable else verbs,
         read_only=True,
         written_by=who,
         served_by="routing" if namespaced else "clusterrouting",
@@ -243,6 +259,9 @@ RESOURCES: tuple[Resource, ...] = (
         max_name=MAX_DERIVED_NAME,
         namespaced=False,
         categories=NODUS_ONLY,
+        # The cluster admin deletes the record of an agent gone for good (the scheduler does so itself
+        # after NODUS_NODE_DELETE_AFTER_S); an agent that comes back registers it again.
+        deletable=True,
     ),
     _read_only(
         "offerings",

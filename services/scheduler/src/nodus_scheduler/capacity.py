@@ -14,12 +14,18 @@ is in exactly one state:
 * **free**: ready and not busy; these are kept in a heap by name, so the pick is deterministic (the
   smallest name of the best group).
 
+A node whose agent is gone for good is in no group at all: with an ``unreachable`` grace (the scheduler's
+``NODUS_NODE_UNREACHABLE_GRACE_S``, default :data:`UNREACHABLE_GRACE`), a node NotReady for longer than
+that (:func:`gone_at`) leaves the index, so placement neither offers it work nor counts it in its
+``0/N nodes: ...``. A new heartbeat brings it back; its record is deleted later still
+(:mod:`nodus_scheduler.retiring`).
+
 Changes, each O(1) apart from one heap push when a node becomes free (O(log n), amortised):
 :meth:`CapacityIndex.upsert` (a node was added or its record changed: phase, heartbeat, offering, …),
 :meth:`CapacityIndex.remove`, :meth:`CapacityIndex.mark_busy`, :meth:`CapacityIndex.mark_free`, and
-:meth:`CapacityIndex.expire`, which turns nodes whose heartbeat has gone stale not ready (a heap of
-deadlines, so only the expired ones are touched). Busy is kept by node name, so marking a node busy before
-its record arrives (an Attempt listed before its node) works.
+:meth:`CapacityIndex.expire`, which turns nodes whose heartbeat has gone stale not ready and drops the ones
+gone past the unreachable grace (heaps of deadlines, so only the expired ones are touched). Busy is kept
+by node name, so marking a node busy before its record arrives (an Attempt listed before its node) works.
 
 The index knows nothing of prices or requests; :mod:`nodus_scheduler.placing` judges the groups against a
 price book version and picks the node.
@@ -35,15 +41,27 @@ from typing import Any, Final
 from nodus_schema.meta import parse_time
 from nodus_schema.nodes import Node
 
-__all__ = ["HEARTBEAT_GRACE", "CapacityIndex", "Group", "GroupKey"]
+__all__ = [
+    "HEARTBEAT_GRACE",
+    "UNREACHABLE_GRACE",
+    "CapacityIndex",
+    "Group",
+    "GroupKey",
+    "gone_at",
+    "unreachable",
+]
 
 HEARTBEAT_GRACE: Final = timedelta(seconds=15)
 """A node whose last heartbeat is older than this is not offered work (its agent may be gone)."""
+UNREACHABLE_GRACE: Final = timedelta(minutes=10)
+"""How long a node may be NotReady before it leaves placement and its explanations (the default of the
+scheduler's ``NODUS_NODE_UNREACHABLE_GRACE_S``)."""
 
 GroupKey = tuple[str, str, str | None, bool]
 """(offering id, region class, pool, interruptible) of a node."""
 
 _NEVER: Final = float("-inf")
+_NEVER_GONE: Final = float("inf")
 
 
 class Group:
@@ -123,7 +141,7 @@ class Group:
 
 
 class _Entry:
-    __slots__ = ("alive_until", "drained", "group", "node", "ready", "schedulable")
+    __slots__ = ("alive_until", "drained", "gone_at", "group", "node", "ready", "schedulable")
 
     def __init__(
         self, node: Node, group: Group, schedulable: bool, alive_until: float, ready: bool, drained: bool
@@ -134,6 +152,7 @@ class _Entry:
         self.alive_until = alive_until
         self.ready = ready
         self.drained = drained
+        self.gone_at = _NEVER_GONE
 
 
 DRAINING: Final = "Draining"
@@ -159,15 +178,41 @@ def _ts(now: datetime | None) -> float:
     return (now or datetime.now(UTC)).timestamp()
 
 
+def gone_at(node: Node, after: timedelta) -> datetime | None:
+    """When ``node`` will have been NotReady for ``after``, counted from its agent's last word: its last
+    heartbeat (an agent that stops says NotReady with the time it stopped), else the record's creation.
+    A node whose agent did not say NotReady is still Ready for :data:`HEARTBEAT_GRACE` after its last beat,
+    so it is never gone before that. None when the record has no time to count from."""
+    for text in (node.status.last_heartbeat_time, node.metadata.creation_timestamp):
+        if not text:
+            continue
+        try:
+            since = parse_time(text)
+        except ValueError:
+            continue
+        return since + (after if node.status.phase == "NotReady" else max(after, HEARTBEAT_GRACE))
+    return None
+
+
+def unreachable(node: Node, now: datetime, after: timedelta) -> bool:
+    """Whether ``node`` has been NotReady for longer than ``after`` at ``now`` (see :func:`gone_at`)."""
+    at = gone_at(node, after)
+    return at is not None and now > at
+
+
 class CapacityIndex:
     """Every known node, grouped, with its state; see the module docstring."""
 
-    def __init__(self, *, grace: timedelta = HEARTBEAT_GRACE) -> None:
+    def __init__(self, *, grace: timedelta = HEARTBEAT_GRACE, unreachable: timedelta | None = None) -> None:
+        """``unreachable``: a node NotReady for longer leaves the index (None: it stays, not ready)."""
         self._grace_s = grace.total_seconds()
+        self._unreachable = unreachable
         self._entries: dict[str, _Entry] = {}
         self._groups: dict[GroupKey, Group] = {}
         self._busy: set[str] = set()
         self._deadlines: list[tuple[float, str]] = []
+        self._gone: list[tuple[float, str]] = []
+        """(gone_at, name) of every node that would leave the index: a heap, as _deadlines."""
         self.generation = 0
         """Bumped whenever a group is created: placement's cached judgements of the groups are then stale."""
         self.plans: dict[Any, Any] = {}
@@ -175,10 +220,15 @@ class CapacityIndex:
 
     @classmethod
     def of(
-        cls, nodes: Iterable[Node], busy: Iterable[str] = (), now: datetime | None = None
+        cls,
+        nodes: Iterable[Node],
+        busy: Iterable[str] = (),
+        now: datetime | None = None,
+        *,
+        unreachable: timedelta | None = None,
     ) -> CapacityIndex:
         """An index of ``nodes`` with the ``busy`` names marked, readiness judged at ``now``."""
-        index = cls()
+        index = cls(unreachable=unreachable)
         index._busy.update(busy)
         for node in nodes:
             index.upsert(node, now)
@@ -209,13 +259,19 @@ class CapacityIndex:
     # -- changes ---------------------------------------------------------------------------------------
 
     def upsert(self, node: Node, now: datetime | None = None) -> None:
-        """Add ``node`` or take its new record (phase, heartbeat, offering, pool, …); readiness at ``now``."""
+        """Add ``node`` or take its new record (phase, heartbeat, offering, pool, …); readiness at ``now``.
+        A node NotReady past the unreachable grace at ``now`` is removed instead."""
         name = node.metadata.name or ""
+        t = _ts(now)
+        alive_until = _alive_until(node, self._grace_s)
+        gone = self._gone_at(node, alive_until)
+        if gone < t:
+            self.remove(name)
+            return
         spec = node.spec
         schedulable = node.status.phase == "Ready" and not spec.unschedulable
         drained = node.status.phase == DRAINING
-        alive_until = _alive_until(node, self._grace_s)
-        ready = schedulable and alive_until >= _ts(now)
+        ready = schedulable and alive_until >= t
         group = self._group(key_of(node))
         busy = name in self._busy
         entry = self._entries.get(name)
@@ -227,13 +283,29 @@ class CapacityIndex:
             entry.node, entry.group, entry.schedulable, entry.ready = node, group, schedulable, ready
             entry.alive_until, entry.drained = alive_until, drained
         group._add(name, ready, busy, drained)
+        entry.gone_at = gone
         if ready:
             heapq.heappush(self._deadlines, (alive_until, name))
-            if len(self._deadlines) > 4 * len(self._entries) + 1024:
-                self._compact()
+        if gone != _NEVER_GONE:
+            heapq.heappush(self._gone, (gone, name))
+        if max(len(self._deadlines), len(self._gone)) > 4 * len(self._entries) + 1024:
+            self._compact()
+
+    def _gone_at(self, node: Node, alive_until: float) -> float:
+        """:func:`gone_at` as a timestamp, from the heartbeat already parsed (upserts are mostly beats)."""
+        after = self._unreachable
+        if after is None:
+            return _NEVER_GONE
+        if alive_until == _NEVER:  # no heartbeat (or an unreadable one): counted from the creation
+            at = gone_at(node, after)
+            return _NEVER_GONE if at is None else at.timestamp()
+        seconds = after.total_seconds()
+        floor = seconds if node.status.phase == "NotReady" else max(seconds, self._grace_s)
+        return alive_until - self._grace_s + floor
 
     def remove(self, name: str) -> None:
-        """Forget a node (its record was deleted). Its busy mark stays until :meth:`mark_free`."""
+        """Forget a node (its record was deleted, or it is gone past the unreachable grace). Its busy mark
+        stays until :meth:`mark_free`."""
         entry = self._entries.pop(name, None)
         if entry is not None:
             entry.group._drop(name, entry.ready, name in self._busy, entry.drained)
@@ -267,7 +339,8 @@ class CapacityIndex:
             self.mark_busy(name)
 
     def expire(self, now: datetime | None = None) -> None:
-        """Nodes whose last heartbeat is older than the grace at ``now`` become not ready."""
+        """Nodes whose last heartbeat is older than the grace at ``now`` become not ready; nodes NotReady
+        past the unreachable grace leave the index."""
         limit = _ts(now)
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] < limit:
@@ -279,11 +352,19 @@ class CapacityIndex:
             entry.group._drop(name, True, busy)
             entry.ready = False
             entry.group._add(name, False, busy)
+        gone = self._gone
+        while gone and gone[0][0] < limit:
+            at, name = heapq.heappop(gone)
+            entry = self._entries.get(name)
+            if entry is not None and entry.gone_at == at:  # else removed, or heartbeating since
+                self.remove(name)
 
     def _compact(self) -> None:
         """Drop superseded deadlines (heartbeats replace each other faster than they expire)."""
         self._deadlines = [(e.alive_until, n) for n, e in self._entries.items() if e.ready]
         heapq.heapify(self._deadlines)
+        self._gone = [(e.gone_at, n) for n, e in self._entries.items() if e.gone_at != _NEVER_GONE]
+        heapq.heapify(self._gone)
 
     def _group(self, key: GroupKey) -> Group:
         group = self._groups.get(key)

@@ -40,6 +40,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit import errors, messaging
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.capacity import UNREACHABLE_GRACE, unreachable
 from nodus_scheduler.cataloging import catalog_for
 from nodus_scheduler.placing import REASONS, Placement, demand_of, place, price_book_candidates, request_of
 from nodus_scheduler.recalling import (
@@ -588,8 +589,17 @@ def estimate(
 class Estimator:
     """The endpoint: reads the live nodes and busy set and the run history, then answers :func:`estimate`."""
 
-    def __init__(self, nc: NATS, catalog: Catalog, history: RunHistory | None = None) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        catalog: Catalog,
+        history: RunHistory | None = None,
+        *,
+        gone_after: timedelta = UNREACHABLE_GRACE,
+    ) -> None:
         self.catalog = catalog
+        self.gone_after = gone_after
+        """Nodes NotReady for longer are left out, as placement leaves them out (capacity.py)."""
         self.nodes = ObjectStore(nc, "nodes", Node)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
         self.history = history if history is not None else RunHistory(ObjectStore(nc, "jobs", Job))
@@ -597,20 +607,27 @@ class Estimator:
     async def handle(self, request: EstimateRequest) -> EstimateReply:
         self.history.maybe_refresh()
         await self.history.ready(HISTORY_FIRST_WAIT_S)
-        nodes = (await self.nodes.list()).items
+        now = datetime.now(UTC)
+        nodes = [n for n in (await self.nodes.list()).items if not unreachable(n, now, self.gone_after)]
         attempts = (await self.attempts.list()).items
         busy = {a.spec.node for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
         try:
-            return estimate(request, self.catalog, nodes, busy, datetime.now(UTC), history=self.history)
+            return estimate(request, self.catalog, nodes, busy, now, history=self.history)
         except (ValueError, OverflowError) as e:  # a spec the gateway should have refused: say so
             raise errors.Invalid(str(e) or type(e).__name__) from None
 
 
 async def serve_estimates(
-    nc: NATS, catalog: Catalog, *, subject: str = ESTIMATE_SUBJECT, history: RunHistory | None = None
+    nc: NATS,
+    catalog: Catalog,
+    *,
+    subject: str = ESTIMATE_SUBJECT,
+    history: RunHistory | None = None,
+    gone_after: timedelta = UNREACHABLE_GRACE,
 ) -> Any:
     """Serve ``nodus.rpc.scheduler.estimate`` in queue group ``scheduler``; returns the subscription. The
-    run history (of the jobs bucket, unless ``history`` is given) starts loading at once."""
-    estimator = Estimator(nc, catalog, history)
+    run history (of the jobs bucket, unless ``history`` is given) starts loading at once. Nodes NotReady
+    for longer than ``gone_after`` are no capacity (the scheduler's NODUS_NODE_UNREACHABLE_GRACE_S)."""
+    estimator = Estimator(nc, catalog, history, gone_after=gone_after)
     estimator.history.maybe_refresh()
     return await messaging.serve(nc, subject, EstimateRequest, estimator.handle, queue=QUEUE)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -58,7 +59,7 @@ from nodus_kit.storing import ObjectStore
 from nodus_scheduler.assigning import start_message, with_gang
 from nodus_scheduler.binding import Binder, Choice, Demand
 from nodus_scheduler.caching import Cache, JobKey, cancel_all, job_key
-from nodus_scheduler.capacity import CapacityIndex
+from nodus_scheduler.capacity import UNREACHABLE_GRACE, CapacityIndex
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.funding import FundingView
 from nodus_scheduler.ganging import (
@@ -134,7 +135,9 @@ NODE_CHECK_S: Final = 2.0
 
 
 class Lifecycle:
-    def __init__(self, nc: NATS, catalog: Catalog, *, funding: bool = True) -> None:
+    def __init__(
+        self, nc: NATS, catalog: Catalog, *, funding: bool = True, gone_after: timedelta = UNREACHABLE_GRACE
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.jobs = ObjectStore(nc, "jobs", Job)
@@ -143,8 +146,8 @@ class Lifecycle:
         self.catalog = catalog
         self.cache = Cache(self.nodes, self.attempts)
         # Free and busy nodes by offering group, kept in step with the cache (see _on_change): placement
-        # judges each group once instead of every node (capacity.py, ADR-0014).
-        self.capacity = CapacityIndex()
+        # judges each group once instead of every node (capacity.py, ADR-0014); gone nodes leave (ADR-0035).
+        self.capacity = CapacityIndex(unreachable=gone_after)
         self.binder = Binder(
             self.cache,
             self.attempts,
@@ -633,8 +636,14 @@ class Lifecycle:
             node = self.cache.nodes.get(a.spec.node)
             if node is not None and alive(node, now):
                 continue
+            beat = node.status.last_heartbeat_time if node is not None else None
+            heartbeat_ms = int(parse_time(beat).timestamp() * 1000) if beat else None
             try:
-                lost = await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", as_lost)
+                lost = await self.attempts.mutate(
+                    a.metadata.namespace,
+                    a.metadata.name or "",
+                    functools.partial(as_lost, heartbeat_ms=heartbeat_ms),
+                )
             except NotFound:
                 continue
             self.cache.apply(lost)
