@@ -298,6 +298,13 @@ async def test_estimate_prints_cost_rate_startup_and_holds(
     # The first hold: billing's ten-minute window at 2.99 $/h (0.4983333…, rounded up); one index at once.
     assert fields["hold"].startswith("$0.498334  (first hold")
     assert fields["concurrent"].startswith("$0.498334  (")
+    # Holds in one paragraph, with this estimate's amounts and the $2-cap example.
+    paragraph = " ".join(
+        line.strip() for line in out.split("  holds:\n", 1)[1].split("\n  warnings:")[0].splitlines()
+    )
+    assert paragraph.startswith("Billing sets $0.498334 aside before the run starts")
+    assert "any cap of at least $0.000831 (one second) runs until it is spent" in paragraph
+    assert paragraph.endswith('For example, maxCostUSD "2.00" at $2.99/h runs about 40 minutes.')
     assert fields["price book"].startswith("2026-11-30.1  (valid until ")
     assert "BalanceNotChecked" in out  # warnings are listed
     # Nothing was created.

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -106,6 +108,7 @@ def view(done: Estimated) -> str:
     width = max((len(k) for k, _ in shown), default=0) + 2
     lines = [f"{done.ref}: {verdict}"]
     lines += [f"  {(k + ':').ljust(width)}{v}" for k, v in shown]
+    lines += _holds_note(e)
     if e.warnings:
         lines.append("  warnings:")
         lines += [f"    {w.code or 'Warning'}: {w.message or ''}" for w in e.warnings]
@@ -116,6 +119,27 @@ def view(done: Estimated) -> str:
             if reason.fix:
                 lines.append(f"      fix: {reason.fix}")
     return "\n".join(lines)
+
+
+def _holds_note(e: Estimate) -> list[str]:
+    """Holds in one paragraph (docs/billing.md), with this estimate's amounts and the $2-cap example."""
+    if not (e.hold_usd and e.rate_usd_per_hour and e.minimum_charge_usd):
+        return []
+    rate = Decimal(e.rate_usd_per_hour)
+    minutes = (Decimal("2.00") / rate * 60).quantize(Decimal("1")) if rate > 0 else None
+    example = (
+        f' For example, maxCostUSD "2.00" at ${e.rate_usd_per_hour}/h runs about {minutes} minutes.'
+        if minutes is not None
+        else ""
+    )
+    text = (
+        f"Billing sets ${e.hold_usd} aside before the run starts (ten minutes at the rate, or what your cap, "
+        "Budgets and credits leave), charges what the run uses from it and tops it up as it runs. A cap "
+        f"is a ceiling, not a deposit: any cap of at least ${e.minimum_charge_usd} (one second) runs until "
+        "it is spent; then the object is suspended with MaxCostReached and resumes when you raise it."
+        + example
+    )
+    return ["  holds:", *textwrap.wrap(text, width=100, initial_indent="    ", subsequent_indent="    ")]
 
 
 def _rate(e: Estimate) -> str:
