@@ -208,11 +208,15 @@ class Bounds(RuleBasedStateMachine):
         hold = self.state.holds[hold_id]
         amount = raw if raw is not None else max(0, charge_micros(self.rates[hold_id], used_ms))
         before, unbilled = held(self.state, hold_id), self.state.jobs[hold.job].unbilled_micros
+        recorded = hold.overrun_micros
         result = self.do(Charge(hold_id=hold_id, tick=str(hold.last_tick + 1), amount_micros=amount))
         assert result.ok
         assert result.charged_micros == min(amount, before)
+        # The tick's overrun replaces what the hold recorded before (each tick asks for all of it again).
+        overrun = min(amount, BOOK_MAX_MICROS) - result.charged_micros
+        assert self.state.holds[hold_id].overrun_micros == overrun
         assert self.state.jobs[hold.job].unbilled_micros == min(
-            unbilled + min(amount, BOOK_MAX_MICROS) - result.charged_micros, BOOK_MAX_MICROS
+            max(0, unbilled + overrun - recorded), BOOK_MAX_MICROS
         )
 
     @precondition(lambda self: self.open_holds())

@@ -276,3 +276,67 @@ def test_the_state_round_trips_through_json_in_camel_case() -> None:
 def test_hold_amount_rounds_up_like_charges() -> None:
     assert hold_amount(2_990_000, 1000) == 831
     assert hold_amount(3_600_000, 3_600_000) == 3_600_000
+
+
+# -- what the money simulator found (#18), each a regression test ---------------------------------------
+
+
+def test_a_runs_overrun_is_recorded_once_however_many_ticks_ask_again() -> None:
+    """Every tick asks for the run's whole usage so far less what the hold charged: past the funding it
+    asks again for the overrun an earlier tick recorded. Hold 100; ticks at 120 and 150; final 160."""
+    state, _ = run(
+        funded(1_000),
+        hold("h", 100),
+        Charge(hold_id="h", tick="1", amount_micros=120),
+        Charge(hold_id="h", tick="2", amount_micros=50),
+    )
+    assert state.jobs["j"].unbilled_micros == 50  # 150 used, 100 charged: 50, not 20 + 50
+    state, result = run(state, Capture(hold_id="h", amount_micros=0, total_micros=160))
+    assert (result.charged_micros, job_spent(state, "j")) == (0, 100)
+    assert state.jobs["j"].unbilled_micros == 60  # the run's real overrun, not 130
+
+
+def test_an_overrun_an_extension_pays_for_later_is_no_longer_unbilled() -> None:
+    state, _ = run(
+        funded(1_000),
+        hold("h", 100),
+        Charge(hold_id="h", tick="1", amount_micros=120),
+        ExtendHold(hold_id="h", more_micros=100, funded_until_ms=JAN + 120_000),
+        Charge(hold_id="h", tick="2", amount_micros=30),
+    )
+    assert (job_spent(state, "j"), state.jobs["j"].unbilled_micros) == (130, 0)
+
+
+def test_a_deleted_budget_is_not_brought_back_by_a_late_put() -> None:
+    put = PutBudget(name="b@u1", project="p", monthly_micros=10, generation=2)
+    gone = PutBudget(name="b@u1", project="p", monthly_micros=0, generation=2, deleted=True)
+    state, _ = run(funded(100), put, gone)
+    for late in (put, PutBudget(name="b@u1", project="p", monthly_micros=10, generation=3)):
+        again, _ = run(state, late)
+        assert encode(again) == encode(state), "a deleted Budget stays deleted"
+    _, result = run(state, hold("h", 50))
+    assert result.ok, "a deleted Budget binds nothing"
+    # A delete that arrives before the put of the same Budget: the put, when it comes, puts nothing.
+    early, _ = run(funded(100), gone, put)
+    assert early.budgets["b@u1"].deleted
+
+
+def test_an_extensions_room_is_judged_by_the_budgets_of_its_holds_month_and_labels() -> None:
+    """room_for(…, hold.month, hold.labels) is what apply allows an extension: sized by this month's
+    Budget or the Job's labels now, it was refused at a month's turn or after a relabel."""
+    from nodus_billing.standing import month_of, room_for
+
+    state, _ = run(
+        funded(1_000),
+        PutBudget(name="ml", project="p", monthly_micros=150, generation=1, selector={"team": "ml"}),
+        hold("h", 100),  # January, labels team=ml: 50 left under the Budget in January
+        PutJob(name="j", project="p", generation=2, labels={"team": "web"}),
+    )
+    h = state.holds["h"]
+    now_room, _ = room_for(state, "j", month_of(FEB))  # February, team=web: the Budget does not apply
+    room, code = room_for(state, "j", h.month, h.labels)
+    assert (room, code) == (50, "BudgetExceeded") and now_room > room
+    _, too_much = run(state, ExtendHold(hold_id="h", more_micros=room + 1, funded_until_ms=FEB))
+    assert too_much.code == "BudgetExceeded"
+    _, fits = run(state, ExtendHold(hold_id="h", more_micros=room, funded_until_ms=FEB))
+    assert fits.ok

@@ -131,3 +131,13 @@ def _iso(ms: int) -> str:
     from nodus_schema.meta import format_time
 
     return format_time(datetime.fromtimestamp(ms / 1000, UTC))
+
+
+def test_a_start_that_failed_on_the_node_is_covered_whole_though_a_start_time_was_stamped() -> None:
+    """The node reported its times but no launch (the start failed there): covered whole, whatever
+    startTime an older scheduler stamped from the finish report (the simulator found a second charged)."""
+    failed = run(phase="Lost", reason="Lost", program_ms=None, stop_ms=T0 + 2_400)
+    failed.status.start_time = failed.status.finish_time
+    usage = usage_of(failed, replacement=False, now_ms=T0 + 9_000)
+    assert usage.segments == {} and charged(usage) == 0
+    assert usage.covered == {BOOT: charge_micros(RATE, 3_000)}

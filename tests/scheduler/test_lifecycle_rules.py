@@ -118,3 +118,49 @@ def test_queue_timeout_zero_waits_for_ever_and_the_default_is_a_day() -> None:
 def test_completed_indexes_are_compressed_as_kubernetes_does() -> None:
     assert compress([0, 1, 2, 3, 5, 7, 8]) == "0-3,5,7-8"
     assert compress([]) == ""
+
+
+def test_a_finish_report_of_a_run_its_node_could_not_start_leaves_no_start_time() -> None:
+    """reporting.apply: a run the node could not start (AttemptFinished, reason Lost, no AttemptStarted)
+    never started, so billing covers it whole and no replacement restores from it; any other finish
+    without a start (the AttemptStarted report lost) still reads as started when it finished."""
+    from nodus_scheduler.reporting import apply as report
+    from nodus_schema.messages import AttemptFinished
+
+    pending = Attempt(
+        metadata=ObjectMeta(name="a", namespace="t"),
+        spec=AttemptSpec(
+            job="j",
+            index=0,
+            attempt=1,
+            node="n",
+            offering="o",
+            region_class="us",
+            rate_micros_per_hour=1,
+            pricebook_version="v",
+        ),
+    )
+
+    def finish(reason: str) -> Attempt:
+        msg = AttemptFinished(
+            namespace="t",
+            attempt="a",
+            node="n",
+            time="2027-01-15T08:00:09Z",
+            exit_code=None,
+            wall_millis=0,
+            reason=reason,
+            started_ms=1_800_000_000_000,
+            stopped_ms=1_800_000_002_400,
+        )
+        done = report(pending, msg)
+        assert done is not None
+        return done
+
+    lost = finish("Lost")
+    assert (lost.status.phase, lost.status.start_time) == ("Lost", None)
+    assert (lost.status.billing_start_ms, lost.status.billing_stop_ms) == (
+        1_800_000_000_000,
+        1_800_000_002_400,
+    )
+    assert finish("Error").status.start_time == "2027-01-15T08:00:09Z"

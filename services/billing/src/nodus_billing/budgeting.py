@@ -43,7 +43,7 @@ class Budgets:
         ops = [
             PutBudget(name=r, project=ns, monthly_micros=0, generation=b.generation, deleted=True)
             for r, b in state.budgets.items()
-            if r.rsplit("@", 1)[0] == name and r != ref and b.project == ns
+            if r.rsplit("@", 1)[0] == name and r != ref and b.project == ns and not b.deleted
         ]
         if budget is not None and ref is not None:
             gen = budget.metadata.generation or 1
@@ -61,7 +61,7 @@ class Budgets:
         if ops:
             state = (await self.books.apply(ns, ops)).state
             self.requeue_project(ns)
-        if budget is None or ref not in state.budgets:
+        if budget is None or ref not in state.budgets or state.budgets[ref].deleted:
             return None
         month = month_of(int(time.time() * 1000))
         status = BudgetStatus(

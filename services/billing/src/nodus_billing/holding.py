@@ -89,7 +89,8 @@ class PutBudget(Wire, tag=True, tag_field="op"):
     generation: int
     selector: dict[str, str] = msgspec.field(default_factory=dict)
     deleted: bool = False
-    """The Budget was deleted: it no longer applies (a later generation would put it back)."""
+    """The Budget was deleted: it no longer applies, and no later put of the same ref puts it back (the
+    ref carries the object's uid, and a deleted object never returns)."""
 
 
 class PutSweep(Wire, tag=True, tag_field="op"):
@@ -371,9 +372,12 @@ def _put_budget(state: State, op: PutBudget, key: str) -> _Handled:
     if old is not None and old.project != op.project:
         return _refuse(key, CONFLICT, f"budget {op.name} belongs to {old.project}", "use another name"), []
     if op.deleted:
-        if old is not None and op.generation >= old.generation:
-            del state.budgets[op.name]
+        # A tombstone, not a removal: a put of this Budget arriving late must not bring it back.
+        gen = max(op.generation, old.generation if old is not None else 0)
+        state.budgets[op.name] = Budget(project=op.project, monthly_micros=0, generation=gen, deleted=True)
         return Result(op_id=key), []
+    if old is not None and old.deleted:
+        return Result(op_id=key), []  # deleted for good: this uid's Budget never returns
     if old is None or op.generation > old.generation:
         state.budgets[op.name] = Budget(
             project=op.project,
@@ -489,6 +493,7 @@ def _capture(state: State, op: Capture, key: str) -> _Handled:
         hold.charged_micros = op.total_micros
         result = Result(op_id=key, refunded_micros=back)
         entries = [_entry(f"{key}:refund", spend_account(hold.job), hold_account(op.hold_id), back)]
+        _record_overrun(state, hold, 0)  # it ran no further than its charge: nothing overran
     else:
         amount = op.amount_micros if op.total_micros is None else op.total_micros - hold.charged_micros
         result, entries = _charge_from(state, op.hold_id, hold, amount, key)
@@ -583,11 +588,20 @@ def _charge_from(state: State, hold_id: str, hold: Hold, amount: int, key: str) 
     charged = min(amount, held(state, hold_id))
     overrun = amount - charged
     hold.charged_micros += charged
-    job = state.jobs[hold.job]
-    # Saturates: what Nodus absorbed is recorded, never charged, and a book cannot hold more than the bound.
-    job.unbilled_micros = min(job.unbilled_micros + overrun, BOOK_MAX_MICROS)
+    _record_overrun(state, hold, overrun)
     entry = _entry(key, hold_account(hold_id), spend_account(hold.job), charged)
     return Result(op_id=key, charged_micros=charged, overrun_micros=overrun), [entry]
+
+
+def _record_overrun(state: State, hold: Hold, overrun: int) -> None:
+    """Keep the Job's unbilled at what its runs used beyond what their holds charged (Nodus absorbs it).
+    ``overrun`` is the run's whole usage so far beyond what its hold charged, as each tick and the
+    capture ask for it: it replaces the hold's last record (a tick past the funding asks again for what an
+    earlier one recorded; an extension may pay for it later; the final charge settles it)."""
+    before, hold.overrun_micros = hold.overrun_micros, overrun
+    job = state.jobs[hold.job]
+    # Saturates: what Nodus absorbed is recorded, never charged, and a book cannot hold more than the bound.
+    job.unbilled_micros = min(max(0, job.unbilled_micros + overrun - before), BOOK_MAX_MICROS)
 
 
 def _resolve(state: State, hold_id: str, hold: Hold, status: HoldStatus, rest: int) -> Entry:

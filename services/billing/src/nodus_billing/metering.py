@@ -242,7 +242,8 @@ class Metering:
             if hold.funded_until_ms - now > window // 2:
                 return None
             needed = charge_micros(rate, used_ms + window) - hold.charged_micros - held(state, hold_id)
-            room, _ = room_for(state, hold.job, month_of(now))
+            # Judged as apply judges an extension: by the Budgets of the hold's month and labels.
+            room, _ = room_for(state, hold.job, hold.month, hold.labels)
             more = min(max(needed, 0), room)
             if more <= 0:
                 return None

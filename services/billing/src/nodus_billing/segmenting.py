@@ -69,7 +69,9 @@ def usage_of(attempt: Attempt, *, replacement: bool, now_ms: int) -> Usage:
     finished = epoch_ms(st.finish_time) or now_ms
     # The node's own stop when it reported one (the same clock as the start), else the finish stamp.
     stop = st.billing_stop_ms if st.billing_stop_ms is not None else finished
-    program = st.program_start_ms if st.program_start_ms is not None else epoch_ms(st.start_time)
+    # A node that reports its times reports the launch too, or there was none (a start that failed): the
+    # scheduler's startTime, which a finish report fills in, is read only for an agent without them.
+    program = st.program_start_ms if st.billing_start_ms is not None else epoch_ms(st.start_time)
     first = RESTORE if replacement else BOOT
     usage = Usage(
         attempt=attempt.metadata.name or "",

@@ -53,6 +53,9 @@ class Budget(Wire):
     selector: dict[str, str] = msgspec.field(default_factory=dict)
     """Labels an object must carry for the budget to apply; empty applies to the whole project."""
     generation: int = 0
+    deleted: bool = False
+    """A tombstone: the Budget (this uid) was deleted and applies no more. Kept, so that a late put of
+    it (a redelivery, a retried commit) cannot bring it back: a deleted object never returns."""
 
 
 class Sweep(Wire):
@@ -102,6 +105,9 @@ class Hold(Wire):
     """The last meter tick charged: a tick number at or below it is a repeat."""
     rate_micros_per_hour: int = 0
     placed_ms: int = 0
+    overrun_micros: int = 0
+    """The run's usage beyond what the hold reserved, as far as it is already recorded in the Job's
+    unbilled: every tick asks for the run's whole usage so far, so only what passes this is new."""
     usage: Usage | None = None
     """Set when the hold is captured: what it paid for (usage and invoices read it)."""
 
@@ -205,11 +211,16 @@ def budget_used(state: State, budget: Budget, month: str) -> int:
     )
 
 
-def room_for(state: State, job_name: str, month: str) -> tuple[int, str]:
+def room_for(
+    state: State, job_name: str, month: str, labels: Mapping[str, str] | None = None
+) -> tuple[int, str]:
     """The most one more hold (or extension) for the Job could reserve now, and the limit that binds
     (MaxCostReached, BudgetExceeded or InsufficientCredits): the same rules, in the same order, as
-    ``holding.apply`` checks a hold against."""
+    ``holding.apply`` checks a hold against. For an extension, ``month`` and ``labels`` are the hold's
+    (the Budgets it counts against are those of the month and labels it was placed with); by default
+    the Job's labels now."""
     job = state.jobs[job_name]
+    labels = job.labels if labels is None else labels
     rooms: list[tuple[int, str]] = []
     if job.max_cost_micros is not None:
         rooms.append(
@@ -221,7 +232,7 @@ def room_for(state: State, job_name: str, month: str) -> tuple[int, str]:
             spent = sweep_spent(state, job.sweep) + sweep_held(state, job.sweep)
             rooms.append((sweep.max_cost_micros - spent, MAX_COST_REACHED))
     for _, budget in sorted(state.budgets.items()):
-        if budget.project == job.project and binds(budget) and matches(budget.selector, job.labels):
+        if budget.project == job.project and binds(budget) and matches(budget.selector, labels):
             rooms.append((budget.monthly_micros - budget_used(state, budget, month), BUDGET_EXCEEDED))
     rooms.append((available(state, job.project), INSUFFICIENT_CREDITS))
     # The first of the smallest: ties go to the rule apply() checks first.
@@ -231,8 +242,9 @@ def room_for(state: State, job_name: str, month: str) -> tuple[int, str]:
 
 def binds(budget: Budget) -> bool:
     """Whether a Budget can ever bind: one at :data:`BOOK_MAX_MICROS` (where larger ones are clamped)
-    allows more than any book can hold, so the credits always bind first and it is not checked."""
-    return budget.monthly_micros < BOOK_MAX_MICROS
+    allows more than any book can hold, so the credits always bind first and it is not checked. A deleted
+    one (a tombstone) never binds."""
+    return budget.monthly_micros < BOOK_MAX_MICROS and not budget.deleted
 
 
 def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:

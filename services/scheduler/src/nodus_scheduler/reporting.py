@@ -143,7 +143,9 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
             exit_code=report.exit_code,
             wall_millis=report.wall_millis,
             units_per_second=report.units_per_second or st.units_per_second,
-            start_time=st.start_time or report.time,
+            # A run that could not start on its node (Lost, no AttemptStarted) never started: no startTime,
+            # so billing covers it whole and no replacement restores from it.
+            start_time=st.start_time or (None if report.reason == "Lost" else report.time),
             outputs=list(report.outputs),
             restored_from=report.restored_from or st.restored_from,
             billing_start_ms=st.billing_start_ms or report.started_ms,
