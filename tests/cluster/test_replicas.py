@@ -47,7 +47,6 @@ from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import JOB_UID_LABEL, Attempt
 from nodus_schema.jobs import Job
 from nodus_schema.ledger import charge_micros
-from nodus_schema.meta import parse_time
 from nodus_schema.quantities import usd_to_micros
 from nodus_schema.sweeps import SWEEP_LABEL
 from nodus_testing.natscluster import NatsCluster
@@ -222,10 +221,11 @@ def _running(procs: list[Proc]) -> Iterator[None]:
 
 
 def _expected_micros(a: Attempt) -> int:
-    """A run's charge, worked out here from its times: whole seconds, one at least."""
-    created = parse_time(a.metadata.creation_timestamp or "")
-    finished = parse_time(a.status.finish_time or "")
-    seconds = max(1, int((finished - created).total_seconds()))
+    """A run's charge, worked out here from its times (docs/billing.md, Segments): from the node's start to
+    its stop in milliseconds, rounded up to whole seconds once, one at least."""
+    st = a.status
+    assert st.billing_start_ms is not None and st.billing_stop_ms is not None, "the node reports its times"
+    seconds = max(1, -(-(st.billing_stop_ms - st.billing_start_ms) // 1000))
     return charge_micros(a.spec.rate_micros_per_hour, seconds * 1000)
 
 
