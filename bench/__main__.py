@@ -15,6 +15,7 @@ from bench import (
     gateway_bench,
     placing_bench,
     scheduler_bench,
+    simulator_bench,
     store_bench,
     sweeps_bench,
 )
@@ -28,6 +29,7 @@ BENCHMARKS = {
     "checkpoint": checkpoint_bench.run,
     "billing": billing_bench.run,
     "sweeps": sweeps_bench.run,
+    "simulator": simulator_bench.run,
 }
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARK = "<!-- results:{name} -->"
