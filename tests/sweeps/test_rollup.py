@@ -71,3 +71,21 @@ def test_nothing_capped_or_a_sweep_not_running_keeps_its_own_phase() -> None:
         "s",
     )
     assert _capped(_sweep(), capped, "Failed", "CellsFailed", "f") == ("Failed", "CellsFailed", "f")
+
+
+def test_a_cells_row_carries_its_jobs_recovery_totals() -> None:
+    """#18: what lost capacity cost a cell shows in its row (lostGPUSeconds, recoveryUSD), and nothing
+    is shown for a cell that lost nothing."""
+    from nodus_schema.expanding import Cell
+    from nodus_schema.jobs import RecoveryStatus
+    from nodus_sweeps.reconciling import _cell_row
+
+    cell = Cell(index=3, gpu=None, region=None, params=(), repetition=0)
+    recovery = RecoveryStatus(lost_runs=1, lost_gpu_seconds=480, lost_usd="0.40", recovery_usd="0.45")
+    lost = Job(status=JobStatus(phase="Succeeded", recovery=recovery))
+    row = _cell_row(cell, lost, sweeps_gpu=False, sweeps_region=False)
+    assert (row.lost_gpu_seconds, row.recovery_usd) == (480, "0.45")
+    encoded = msgspec.json.decode(msgspec.json.encode(row))
+    assert (encoded["lostGPUSeconds"], encoded["recoveryUSD"]) == (480, "0.45")
+    clean = _cell_row(cell, Job(status=JobStatus(phase="Succeeded")), sweeps_gpu=False, sweeps_region=False)
+    assert "lostGPUSeconds" not in msgspec.json.decode(msgspec.json.encode(clean))
