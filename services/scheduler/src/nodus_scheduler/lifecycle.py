@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 from collections.abc import Callable
@@ -77,7 +76,6 @@ from nodus_scheduler.ruling import (
     REASSIGN_AFTER_S,
     View,
     alive,
-    as_lost,
     assembly_exhausted,
     continuity_of,
     deadline_left,
@@ -86,6 +84,7 @@ from nodus_scheduler.ruling import (
     halt_reason,
     interrupted_fail,
     job_status,
+    lost_on,
     max_attempts_of,
     min_progress_of,
     next_check,
@@ -636,14 +635,8 @@ class Lifecycle:
             node = self.cache.nodes.get(a.spec.node)
             if node is not None and alive(node, now):
                 continue
-            beat = node.status.last_heartbeat_time if node is not None else None
-            heartbeat_ms = int(parse_time(beat).timestamp() * 1000) if beat else None
             try:
-                lost = await self.attempts.mutate(
-                    a.metadata.namespace,
-                    a.metadata.name or "",
-                    functools.partial(as_lost, heartbeat_ms=heartbeat_ms),
-                )
+                lost = await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", lost_on(node))
             except NotFound:
                 continue
             self.cache.apply(lost)

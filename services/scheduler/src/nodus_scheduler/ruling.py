@@ -5,8 +5,9 @@ store, asks these, and writes what they decide; the tests of the rules need no b
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -380,6 +381,13 @@ def gang_check(view: View, now: datetime) -> float | None:
                 times.append(deadline)
             times.append(created + timedelta(seconds=REASSIGN_AFTER_S))
     return min((t - now).total_seconds() for t in times) if times else None
+
+
+def lost_on(node: Node | None) -> Callable[[Attempt], Attempt | None]:
+    """:func:`as_lost` with the node's last heartbeat (its own clock) as where billing stops."""
+    beat = node.status.last_heartbeat_time if node is not None else None
+    heartbeat_ms = int(parse_time(beat).timestamp() * 1000) if beat else None
+    return functools.partial(as_lost, heartbeat_ms=heartbeat_ms)
 
 
 def as_lost(a: Attempt, heartbeat_ms: int | None = None) -> Attempt | None:
