@@ -28,3 +28,13 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
         if not task.cancelled():
             with contextlib.suppress(Exception):
                 task.exception()  # retrieved, so no "exception was never retrieved" at exit
+
+
+def cancel_swallowed() -> bool:
+    """Whether the running task was asked to cancel and the request was swallowed on its way (see the
+    module): a retry loop that catches ``Exception`` checks this before it tries again, and ends with
+    ``CancelledError`` instead of retrying for ever. Python 3.11 counts the requests a task has not
+    acknowledged (``Task.cancelling``); a cancellation delivered as such never reaches ``except
+    Exception``."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

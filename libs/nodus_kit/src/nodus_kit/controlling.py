@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodus_kit import measuring
-from nodus_kit.cancelling import cancel_and_wait
+from nodus_kit.cancelling import cancel_and_wait, cancel_swallowed
 from nodus_kit.errors import NodusError
 from nodus_kit.queueing import ShutDown, WorkQueue
 from nodus_kit.storing import Event, ObjectStore
@@ -106,6 +106,8 @@ class Controller:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if cancel_swallowed():  # cancelled inside nats-py on Python 3.11: end, do not retry for ever
+                    raise asyncio.CancelledError from e
                 log.warning("watch failed, restarting: %s", e, extra={"controller": self.name})
                 await asyncio.sleep(0.5)
 

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nodus_kit.cancelling import cancel_and_wait
+from nodus_kit.cancelling import cancel_and_wait, cancel_swallowed
 from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, Attempt
 from nodus_schema.nodes import Node
@@ -154,6 +154,8 @@ class Cache:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if cancel_swallowed():  # cancelled inside nats-py on Python 3.11: end, do not retry for ever
+                    raise asyncio.CancelledError from e
                 log.warning("cache watch of %s failed, listing again: %s", kind, e)
                 await asyncio.sleep(0.5)
 

@@ -19,7 +19,7 @@ from typing import Final
 from nats.aio.client import Client as NATS
 
 from nodus_kit import errors, messaging
-from nodus_kit.cancelling import cancel_and_wait
+from nodus_kit.cancelling import cancel_and_wait, cancel_swallowed
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import Attempt
 from nodus_schema.billing import (
@@ -124,5 +124,7 @@ class FundingView:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if cancel_swallowed():  # cancelled inside nats-py on Python 3.11: end, do not retry for ever
+                    raise asyncio.CancelledError from e
                 log.warning("funding watch failed, restarting: %s", e)
                 await asyncio.sleep(0.5)

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nodus_kit.cancelling import cancel_and_wait
+from nodus_kit.cancelling import cancel_and_wait, cancel_swallowed
 from nodus_kit.storing import Event, ObjectStore
 from nodus_schema.jobs import Job
 from nodus_schema.meta import OwnerReference
@@ -171,6 +171,8 @@ class CellIndex:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if cancel_swallowed():  # cancelled inside nats-py on Python 3.11: end, do not retry for ever
+                    raise asyncio.CancelledError from e
                 log.warning("cell index watch failed, listing again: %s", e)
                 await asyncio.sleep(0.5)
 
