@@ -164,3 +164,16 @@ def test_a_finish_report_of_a_run_its_node_could_not_start_leaves_no_start_time(
         1_800_000_002_400,
     )
     assert finish("Error").status.start_time == "2027-01-15T08:00:09Z"
+
+
+def test_a_jobs_mean_throughput_is_plain_digits_never_an_exponent() -> None:
+    """measures(): an index that reported 670 units/s is "670" on the Job (str() of the normalised
+    Decimal was "6.7E+2", and `nodus get sweep` showed it so)."""
+    from nodus_scheduler.ruling import measures
+
+    def ran(units: str) -> Attempt:
+        return Attempt(status=AttemptStatus(phase="Succeeded", wall_millis=1_000, units_per_second=units))
+
+    assert measures([ran("670")]) == (1, "670")
+    assert measures([ran("600"), ran("800")]) == (1, "700")
+    assert measures([ran("0.5"), ran("0.25")]) == (1, "0.375")

@@ -430,7 +430,8 @@ def measures(succeeded: list[Attempt]) -> tuple[int | None, str | None]:
     walls = [a.status.wall_millis for a in succeeded if a.status.wall_millis is not None]
     units = [Decimal(a.status.units_per_second) for a in succeeded if a.status.units_per_second]
     wall = (max(walls) + 500) // 1000 if walls else None
-    mean = str((sum(units, Decimal(0)) / len(units)).normalize()) if units else None
+    # Plain digits, never an exponent: str() of a normalised 670 is "6.7E+2", which tables showed as is.
+    mean = format((sum(units, Decimal(0)) / len(units)).normalize(), "f") if units else None
     return wall, mean
 
 
