@@ -394,3 +394,44 @@ async def test_a_hold_nobody_extends_expires_and_gives_its_credits_back(make_rig
 
         state = await eventually(expired, deadline_s=20, message="the hold expires")
         assert state.balances["project:t:available"] == 1_000_000, "all of it back: nothing was charged"
+
+
+async def test_a_settled_job_costs_the_meter_one_read_however_often_it_comes_back(
+    make_rig: Callable[..., Any],
+) -> None:
+    """#19's idle cost: every resync brings every stored Job back to the meter. A Job that ended with its
+    cost final is not listed against its namespace nor weighed against its project's book again."""
+    async with make_rig(funding=True) as rig:
+        billing = await rig.start_billing(NODUS_STARTING_CREDITS_USD="10", **TERMS)
+        await rig.submit("done")
+
+        async def final() -> Job:
+            job = await rig.job("done")
+            assert job.status.phase == "Succeeded" and job.status.cost and job.status.cost.final
+            return job
+
+        job = await eventually(final, deadline_s=30, message="the Job succeeds and its cost is final")
+        metering = billing.metering
+        lists, reads = 0, 0
+        list_attempts, read_book = metering.attempts.list, metering.books.read
+
+        async def counted_list(*args: Any, **kwargs: Any) -> Any:
+            nonlocal lists
+            lists += 1
+            return await list_attempts(*args, **kwargs)
+
+        async def counted_read(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            return await read_book(*args, **kwargs)
+
+        metering.attempts.list = counted_list  # type: ignore[method-assign]
+        metering.books.read = counted_read  # type: ignore[method-assign]
+        try:
+            for _ in range(20):
+                assert await metering.reconcile(("t", "done")) is None
+        finally:
+            metering.attempts.list = list_attempts  # type: ignore[method-assign]
+            metering.books.read = read_book  # type: ignore[method-assign]
+        assert (lists, reads) == (0, 0)
+        assert (await rig.job("done")).status.cost == job.status.cost, "and nothing of it changes"

@@ -82,6 +82,16 @@ class Terms:
         )
 
 
+def settled(job: Job) -> bool:
+    """A Job the meter is done with: it ended, and its cost is final, which billing writes only once no
+    hold of it is open and every Attempt of it has ended (cost_of). Nothing can change that but the Job's
+    deletion (another reconcile: the holds of a deleted Job are released). Every resync brings each
+    stored Job back; a settled one costs one read, not a list of the namespace and a read of the book,
+    so an idle billing does not grow busier with history."""
+    cost = job.status.cost
+    return job.status.phase in TERMINAL_PHASES and cost is not None and cost.final is True
+
+
 def job_ref(name: str, uid: str | None) -> str:
     """A Job in the book: its name and uid, so a re-created Job of the same name starts from nothing."""
     return f"{name}@{uid or ''}"
@@ -121,6 +131,8 @@ class Metering:
             job = None
         if job is None:
             return await self._reconcile(key, None, now)
+        if settled(job):
+            return None  # nothing left to charge, hold or write: no list, no book read (issue #19)
         # A child of the Job's create, whatever event or tick brought it here (ADR-0032).
         with tracing.object_span("meter Job", job):
             return await self._reconcile(key, job, now)
