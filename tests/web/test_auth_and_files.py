@@ -111,3 +111,22 @@ def test_the_files_are_public_and_the_api_is_not(gateway: Gateway, api: httpx.Cl
         assert paths and not [p for p in paths if p.startswith("/ui")]
         v3 = api.get("/openapi/v3").json()["paths"]
         assert not [p for p in v3 if p.startswith("ui")]
+
+
+def test_a_browser_at_the_root_lands_on_the_web_view_and_a_client_gets_the_root_paths(
+    gateway: Gateway, api: httpx.Client, browser: WebDriver
+) -> None:
+    """#19: ``GET /`` from a browser is a redirect to ``/ui/`` (it was a 404); a JSON client with a token
+    gets Kubernetes' list of root paths (``kubectl get --raw /``), and without one a 401."""
+    with httpx.Client(base_url=gateway.url) as anonymous:
+        html = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+        landed = anonymous.get("/", headers=html)
+        assert (landed.status_code, landed.headers.get("location")) == (302, "/ui/"), landed.text
+        assert anonymous.get("/", headers={"Accept": "application/json"}).status_code == 401
+    paths = api.get("/", headers={"Accept": "application/json"}).json()["paths"]
+    assert {"/apis", "/apis/nodus.dev/v1", "/openapi/v2", "/ui/", "/version"} <= set(paths)
+    assert all(api.get(p).status_code == 200 for p in paths), "every path it lists answers"
+    browser.get(f"{gateway.url}/")
+    wait_for(
+        browser, lambda b: b.current_url.startswith(f"{gateway.url}/ui/"), "the browser lands on the web view"
+    )

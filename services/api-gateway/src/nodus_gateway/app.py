@@ -91,9 +91,10 @@ def build_app(
     # The lane of routes with direct handlers (dispatching.GatewayApp): the same middlewares, in the
     # same order, around the handler alone.
     def wrap(inner: ASGIApp) -> ASGIApp:
-        return RequestContext(
-            BearerAuth(TableResponses(inner), token=admin_token, principals=principals, limiter=limiter)
+        authenticated = BearerAuth(
+            TableResponses(inner), token=admin_token, principals=principals, limiter=limiter
         )
+        return RequestContext(WebView(authenticated))  # WebView: a browser's GET / is sent to /ui/
 
     app.open_lane(wrap)
     return app

@@ -13,6 +13,20 @@ from starlette.responses import PlainTextResponse, Response
 from nodus_gateway.responding import ApiError, object_response
 
 VERSION: Final = "v0.1.0-nodus"
+ROOT_PATHS: Final = (
+    "/api",
+    "/apis",
+    "/apis/nodus.dev",
+    "/apis/nodus.dev/v1",
+    "/healthz",
+    "/livez",
+    "/openapi/v2",
+    "/openapi/v3",
+    "/readyz",
+    "/ui/",
+    "/version",
+)
+"""What ``GET /`` lists, as Kubernetes' root does (``kubectl get --raw /``)."""
 
 _ARCH: Final = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
@@ -53,5 +67,10 @@ def system_router(ready: Callable[[], bool]) -> APIRouter:
     @router.get("/version")
     async def version() -> Response:
         return object_response(version_info())
+
+    @router.get("/")
+    async def root() -> Response:
+        # Kubernetes' root: the paths this server serves (a browser is sent to the web view before this).
+        return object_response({"paths": list(ROOT_PATHS)})
 
     return router

@@ -83,8 +83,25 @@ def is_ui_path(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
+def wants_html(scope: Scope) -> bool:
+    """A browser's request: its Accept names text/html (kubectl, the SDK and curl's default do not)."""
+    accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+    return b"text/html" in accept
+
+
+def _root_from_a_browser(scope: Scope) -> bool:
+    return (
+        scope["type"] == "http"
+        and scope["path"] == "/"
+        and scope["method"] in ("GET", "HEAD")
+        and (wants_html(scope))
+    )
+
+
 class WebView:
-    """ASGI middleware: answers ``/ui`` and ``/ui/...`` itself, passes every other request on."""
+    """ASGI middleware: answers ``/ui`` and ``/ui/...`` itself, and a browser's ``GET /`` with a redirect
+    to the web view (a JSON client's ``/`` goes on to the list of root paths); passes every other request
+    on."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -92,6 +109,9 @@ class WebView:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not is_ui_path(scope["path"]):
+            if _root_from_a_browser(scope):
+                await RedirectResponse(f"{PREFIX}/", status_code=302)(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         await self.respond(scope)(scope, receive, send)
