@@ -19,7 +19,11 @@ from typing import Any
 
 import httpx
 
+from nodus_testing.waiting import eventually
+
 BASE = "/apis/nodus.dev/v1/namespaces/idle/jobs"
+SETTLE_S = 45
+WINDOW_S = 30
 
 
 def _cpu_s(pid: int) -> float:
@@ -75,14 +79,16 @@ async def main(n: int) -> None:
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
         print(f"created and cancelled {n} Jobs in {time.perf_counter() - start:.0f} s", flush=True)
-        for _ in range(120):  # bounded: at most 4 minutes for billing to write every final cost
-            if await _finals(http) >= n:
-                break
-            await asyncio.sleep(2)
-    await asyncio.sleep(45)
+
+        async def all_final() -> bool:
+            return await _finals(http) >= n
+
+        await eventually(all_final, deadline_s=240, interval_s=2, message="billing wrote every final cost")
+    # Both waits are the measurement itself: the stack left alone, then its CPU over a window.
+    await asyncio.sleep(SETTLE_S)
     before = {k: _cpu_s(p) for k, p in pids.items()}
-    await asyncio.sleep(30)
-    used = {k: (_cpu_s(p) - before[k]) / 30 * 100 for k, p in pids.items()}
+    await asyncio.sleep(WINDOW_S)
+    used = {k: (_cpu_s(p) - before[k]) / WINDOW_S * 100 for k, p in pids.items()}
     print(
         ", ".join(f"{k} {v:.0f}%" for k, v in used.items()), f"(total {sum(used.values()):.0f}% of one core)"
     )
