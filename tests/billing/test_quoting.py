@@ -229,3 +229,9 @@ def test_money_is_decimal_text_never_a_float() -> None:
     amounts = [e.hold_usd, e.concurrent_hold_usd, e.minimum_charge_usd]
     amounts += [e.cost_usd.p50, e.cost_usd.p90] if e.cost_usd else []
     assert all(isinstance(a, str) and Decimal(a) == Decimal(a).quantize(Decimal("0.000001")) for a in amounts)
+
+
+def test_a_slot_the_cap_leaves_less_than_a_second_of_gets_no_hold_in_the_estimate_either() -> None:
+    # 2 × 0.498334 + 0.0005 (below the 0.000831 a slot starts with): billing places two holds, not three.
+    e = _quote(SweepSpec(max_parallel=3, max_cost_usd="0.997168"), [slot(H100_SXM_US, cells=3)])
+    assert e.concurrent_hold_usd == "0.996668"

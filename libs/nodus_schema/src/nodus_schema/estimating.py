@@ -423,7 +423,8 @@ def capped(money: Money, cap: int | None) -> Money:
     ``money.least`` leaves them as they are: the create is refused, and the estimate says what it holds."""
     if cap is None or cap < money.least:
         return money
-    sized = holds_in_turn(money.cell_holds, cap)
+    # A slot left less than it can start with gets nothing, as billing refuses such a hold.
+    sized = holds_in_turn(money.cell_holds, cap, [money.least] * len(money.cell_holds))
     return dataclasses.replace(
         money,
         hold=min(money.hold, cap),
