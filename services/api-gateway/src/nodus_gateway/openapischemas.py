@@ -1,6 +1,7 @@
-"""The component schemas of the OpenAPI documents (openapi.py), generated from the msgspec wire types the
-gateway encodes, so a field added to a type is documented by the same change: every kind, list and
-subresource view, the admin kinds, and the field docs read from the types' attribute docstrings.
+"""The component schemas of the OpenAPI documents (openapi.py renders them, openapipaths.py's operations
+refer to them), generated from the msgspec wire types the gateway encodes, so a field added to a type is
+documented by the same change: every kind, list and subresource view, the admin kinds, and the field docs
+read from the types' attribute docstrings.
 """
 
 from __future__ import annotations

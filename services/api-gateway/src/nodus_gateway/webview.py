@@ -1,20 +1,24 @@
-"""The web view (issue #10): three static files under ``/ui/``, served by the gateway itself.
+"""The web view (issue #10): static files under ``/ui/``, served by the gateway itself.
 
 =====================  ==============================================================================
 path                   answer
 =====================  ==============================================================================
 GET /ui                308 to ``/ui/`` (the page's relative links need the trailing slash)
 GET /ui/               ``web/index.html``: the page; its views are hash routes (``#/sweeps``, ...)
-GET /ui/app.js         ``web/app.js``: the one script, plain JavaScript, no framework, no build step
+GET /ui/app.js         ``web/app.js``: the script the page loads, an ES module that imports the others
+GET /ui/<name>.js      ``web/<name>.js``: the other modules (``api.js``, ``sweep.js``...), plain JavaScript,
+                       no framework, no build step
 GET /ui/app.css        ``web/app.css``
 anything else /ui/...  404 NotFound (a Status, as every error of the gateway)
 =====================  ==============================================================================
 
 The files are package data (``nodus_gateway/web``), read once when the app is built, so the page works
-offline and a wheel carries it. They are public: they hold no data, only code. Every piece of data the page
-shows comes from the same ``/apis/nodus.dev/v1`` API the CLI calls, with the same bearer token, which the
-page keeps in the tab's ``sessionStorage`` and sends in the ``Authorization`` header (ADR-0033): no cookie
-is ever set or read, so a page on another site cannot make the browser call the API as the user (CSRF).
+offline and a wheel carries it. Every file there whose suffix has a media type below is served, and nothing
+else: a module added to the page needs no change here, and a name not in that folder is a 404. They are
+public: they hold no data, only code. Every piece of data the page shows comes from the same
+``/apis/nodus.dev/v1`` API the CLI calls, with the same bearer token, which the page keeps in the tab's
+``sessionStorage`` and sends in the ``Authorization`` header (ADR-0033): no cookie is ever set or read, so a
+page on another site cannot make the browser call the API as the user (CSRF).
 
 This is an ASGI middleware rather than routes: it sits between the request context (so a page load has a
 request id and an access log line like any request) and authentication (so the files need no token), and
@@ -31,6 +35,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import PurePosixPath
 from typing import Final
 
 from starlette.responses import RedirectResponse, Response
@@ -40,12 +45,13 @@ from nodus_gateway.responding import status_response
 from nodus_schema import status_for
 
 PREFIX: Final = "/ui"
-ASSETS: Final = {
-    "index.html": "text/html; charset=utf-8",
-    "app.js": "text/javascript; charset=utf-8",
-    "app.css": "text/css; charset=utf-8",
+MEDIA_TYPES: Final = {
+    ".html": "text/html; charset=utf-8",
+    # Browsers run a module only when it comes with a JavaScript media type (nosniff makes that strict).
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
 }
-"""The files the page is made of, and their media types: nothing else under /ui/ is served."""
+"""The media type of each kind of file the page is made of: no other file under /ui/ is served."""
 
 CONTENT_SECURITY_POLICY: Final = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -70,12 +76,15 @@ class Asset:
 
 
 def load_assets() -> dict[str, Asset]:
-    """The page's files from the package, by name."""
+    """The page's files from the package, by name: those of ``web/`` with a media type (MEDIA_TYPES)."""
     folder = resources.files("nodus_gateway").joinpath("web")
     out = {}
-    for name, media_type in ASSETS.items():
-        body = folder.joinpath(name).read_bytes()
-        out[name] = Asset(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:32] + '"')
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        media_type = MEDIA_TYPES.get(PurePosixPath(entry.name).suffix)
+        if media_type is None or entry.name.startswith(".") or not entry.is_file():
+            continue  # an editor's backup or a dotfile left there is not part of the page
+        body = entry.read_bytes()
+        out[entry.name] = Asset(body, media_type, '"' + hashlib.sha256(body).hexdigest()[:32] + '"')
     return out
 
 
