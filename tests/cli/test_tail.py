@@ -34,6 +34,7 @@ from nodus_schema.messages import (
     ObjectEvent,
     StartAttempt,
     StopAttempt,
+    StopReason,
 )
 from nodus_schema.meta import ObjectMeta, now_rfc3339
 from nodus_schema.nodes import Node, NodeSpec, NodeStatus
@@ -226,7 +227,7 @@ def test_unknown_subjects_and_undecodable_payloads_print_raw_with_type_unknown()
 
 
 def test_json_output_has_subject_type_headers_and_data() -> None:
-    msg = StopAttempt(namespace="default", attempt="a1", reason="Cancelled")
+    msg = StopAttempt(namespace="default", attempt="a1", reason=StopReason.CANCELLED)
     out = json.loads(
         tailing.render_json(tailing.decode("nodus.assign.n1", {"Nats-Msg-Id": "x"}, _enc(msg), NOW))
     )

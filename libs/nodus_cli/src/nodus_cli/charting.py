@@ -1,268 +1,81 @@
-"""A Sweep's cost-versus-throughput chart as a PNG, in pure Python: no plotting library, no new dependency.
+"""A Sweep's cost-versus-throughput chart as a PNG, drawn with matplotlib (ADR-0029).
 
-One dot per succeeded cell with a cost and a throughput: x is the cell's cost (USD), y its units per
-second, so the cells worth having sit top left. The best cell by cost gets a ring and the best cell by
-throughput a cross (the same cell may get both), each labelled with its index; the axes carry their
-minimum and maximum values as tick labels, and a title line and a legend sit above the plot.
+One point per succeeded cell with a cost and a throughput: x is the cell's cost (USD), y its units per
+second, so the cells worth having sit top left. The points are coloured by GPU × region, which the legend
+names; the best cell by cost is ringed and the best cell by throughput crossed (the same cell may get
+both), each labelled with its index. An axis whose values span more than a decade is logarithmic (a
+sweep over GPU types easily spans 50×, and on a linear axis its cheap cells would sit in one corner),
+otherwise linear.
 
-Three small parts do it:
-
-* :class:`Canvas`, an RGB raster with the few shapes a scatter plot needs;
-* a 5×7 bitmap font (:data:`FONT`): digits, capital letters and the punctuation money and names use,
-  drawn twice the size; lower case prints as capitals;
-* :func:`encode_png`, a PNG encoder (signature, IHDR, one zlib IDAT, IEND; 8-bit RGB, filter 0 on every
-  row) with ``zlib`` and ``struct`` from the standard library.
-
-Positions are computed with :class:`~fractions.Fraction` from the API's decimal strings and rounded half
-up to whole pixels: no float anywhere, so the same results give the same bytes on every machine with the
-same zlib (the chunks carry no time and no text).
+:func:`layout` is pure and cheap (which cells, which marks, which scales): the CLI's note on stderr and
+the tests read it. :func:`draw` imports matplotlib inside the function: the import takes a second or
+more, which ``nodus --help`` and every other command must not pay.
 """
 
 from __future__ import annotations
 
-import struct
-import zlib
-from collections.abc import Callable, Sequence
+import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from fractions import Fraction
-from typing import Final
+from typing import TYPE_CHECKING, Final, Literal
 
-from nodus_schema.quantities import format_usd, parse_decimal, parse_usd
+from nodus_schema.quantities import parse_decimal, parse_usd
 from nodus_schema.results import SUCCEEDED, ResultCell, SweepResults, best_cells
 
-Color = tuple[int, int, int]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+Scale = Literal["linear", "log"]
 
 WIDTH: Final = 800
 HEIGHT: Final = 500
-BACKGROUND: Final[Color] = (255, 255, 255)
-INK: Final[Color] = (33, 37, 41)
-"""Axes, tick labels and the title."""
-FRAME: Final[Color] = (206, 212, 218)
-DOT: Final[Color] = (52, 101, 164)
-"""A succeeded cell."""
-RING: Final[Color] = (0, 140, 70)
-"""The best cell by cost."""
-CROSS: Final[Color] = (204, 0, 0)
-"""The best cell by throughput."""
+DPI: Final = 100
+"""The PNG is WIDTH × HEIGHT pixels: a figure of WIDTH/DPI × HEIGHT/DPI inches saved at DPI."""
+DECADE: Final = Decimal(10)
+"""An axis is logarithmic when its largest value is more than DECADE times its smallest."""
 
-DOT_RADIUS: Final = 4
-RING_INNER: Final = 8
-RING_OUTER: Final = 10
-"""The ring covers the pixels from RING_INNER to RING_OUTER away from the cell's centre."""
-CROSS_ARM: Final = 9
-"""A diagonal cross through the cell's centre, this many pixels each way, three pixels thick."""
+RING: Final = "#008c46"
+"""The best cell by cost: a ring around its point."""
+CROSS: Final = "#cc0000"
+"""The best cell by throughput: a cross over its point."""
+GROUP_COLORS: Final = ("#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+"""Matplotlib's tab10 without its green and red, so that no GPU × region looks like a best-cell mark."""
 
-SCALE: Final = 2
-"""Each font pixel is SCALE × SCALE pixels."""
-GLYPH_W: Final = 5
-GLYPH_H: Final = 7
-ADVANCE: Final = (GLYPH_W + 1) * SCALE
-TEXT_H: Final = GLYPH_H * SCALE
-
-# The plot area (the axes' box) and the margin inside it, so that the extreme cells are not on an axis.
-PLOT_LEFT: Final = 150
-PLOT_RIGHT: Final = WIDTH - 40
-PLOT_TOP: Final = 90
-PLOT_BOTTOM: Final = HEIGHT - 70
-INSET: Final = 20
-
-PNG_SIGNATURE: Final = b"\x89PNG\r\n\x1a\n"
-
-# ---------------------------------------------------------------------------------------------------------
-# The font: 7 rows of 5 pixels per glyph, '#' on, '.' off
-# ---------------------------------------------------------------------------------------------------------
-
-_GLYPHS: Final[dict[str, str]] = {
-    "0": ".###. #...# #..## #.#.# ##..# #...# .###.",
-    "1": "..#.. .##.. ..#.. ..#.. ..#.. ..#.. .###.",
-    "2": ".###. #...# ....# ...#. ..#.. .#... #####",
-    "3": "##### ...#. ..#.. ...#. ....# #...# .###.",
-    "4": "...#. ..##. .#.#. #..#. ##### ...#. ...#.",
-    "5": "##### #.... ####. ....# ....# #...# .###.",
-    "6": "..##. .#... #.... ####. #...# #...# .###.",
-    "7": "##### ....# ...#. ..#.. .#... .#... .#...",
-    "8": ".###. #...# #...# .###. #...# #...# .###.",
-    "9": ".###. #...# #...# .#### ....# ...#. .##..",
-    "A": ".###. #...# #...# ##### #...# #...# #...#",
-    "B": "####. #...# #...# ####. #...# #...# ####.",
-    "C": ".###. #...# #.... #.... #.... #...# .###.",
-    "D": "###.. #..#. #...# #...# #...# #..#. ###..",
-    "E": "##### #.... #.... ####. #.... #.... #####",
-    "F": "##### #.... #.... ####. #.... #.... #....",
-    "G": ".###. #...# #.... #.### #...# #...# .####",
-    "H": "#...# #...# #...# ##### #...# #...# #...#",
-    "I": ".###. ..#.. ..#.. ..#.. ..#.. ..#.. .###.",
-    "J": "..### ...#. ...#. ...#. ...#. #..#. .##..",
-    "K": "#...# #..#. #.#.. ##... #.#.. #..#. #...#",
-    "L": "#.... #.... #.... #.... #.... #.... #####",
-    "M": "#...# ##.## #.#.# #.#.# #...# #...# #...#",
-    "N": "#...# #...# ##..# #.#.# #..## #...# #...#",
-    "O": ".###. #...# #...# #...# #...# #...# .###.",
-    "P": "####. #...# #...# ####. #.... #.... #....",
-    "Q": ".###. #...# #...# #...# #.#.# #..#. .##.#",
-    "R": "####. #...# #...# ####. #.#.. #..#. #...#",
-    "S": ".#### #.... #.... .###. ....# ....# ####.",
-    "T": "##### ..#.. ..#.. ..#.. ..#.. ..#.. ..#..",
-    "U": "#...# #...# #...# #...# #...# #...# .###.",
-    "V": "#...# #...# #...# #...# #...# .#.#. ..#..",
-    "W": "#...# #...# #...# #.#.# #.#.# #.#.# .#.#.",
-    "X": "#...# #...# .#.#. ..#.. .#.#. #...# #...#",
-    "Y": "#...# #...# .#.#. ..#.. ..#.. ..#.. ..#..",
-    "Z": "##### ....# ...#. ..#.. .#... #.... #####",
-    " ": "..... ..... ..... ..... ..... ..... .....",
-    ".": "..... ..... ..... ..... ..... .##.. .##..",
-    ",": "..... ..... ..... ..... .##.. ..#.. .#...",
-    "-": "..... ..... ..... ##### ..... ..... .....",
-    "_": "..... ..... ..... ..... ..... ..... #####",
-    "$": "..#.. .#### #.#.. .###. ..#.# ####. ..#..",
-    "#": ".#.#. .#.#. ##### .#.#. ##### .#.#. .#.#.",
-    "/": "..... ....# ...#. ..#.. .#... #.... .....",
-    "(": "...#. ..#.. .#... .#... .#... ..#.. ...#.",
-    ")": ".#... ..#.. ...#. ...#. ...#. ..#.. .#...",
-    ":": "..... .##.. .##.. ..... .##.. .##.. .....",
-    "=": "..... ..... ##### ..... ##### ..... .....",
-    "+": "..... ..#.. ..#.. ##### ..#.. ..#.. .....",
-    "%": "##... ##..# ...#. ..#.. .#... #..## ...##",
-    "<": "...#. ..#.. .#... #.... .#... ..#.. ...#.",
-    ">": ".#... ..#.. ...#. ....# ...#. ..#.. .#...",
-    "'": "..#.. ..#.. .#... ..... ..... ..... .....",
-    "?": ".###. #...# ....# ...#. ..#.. ..... ..#..",
-}
-
-
-def _bitmap(rows: str) -> tuple[tuple[int, int], ...]:
-    """The lit (column, row) pixels of a glyph."""
-    lines = rows.split()
-    if len(lines) != GLYPH_H or any(len(line) != GLYPH_W for line in lines):
-        raise ValueError(f"a glyph is {GLYPH_H} rows of {GLYPH_W} pixels: {rows!r}")
-    return tuple((x, y) for y, line in enumerate(lines) for x, c in enumerate(line) if c == "#")
-
-
-FONT: Final = {ch: _bitmap(rows) for ch, rows in _GLYPHS.items()}
-"""Each glyph's lit pixels; a character without a glyph prints as '?'."""
-
-
-def text_width(text: str) -> int:
-    return max(0, len(text) * ADVANCE - SCALE)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The raster
-# ---------------------------------------------------------------------------------------------------------
-
-
-class Canvas:
-    """An RGB raster, row by row from the top left; drawing outside it is clipped, never an error."""
-
-    def __init__(self, width: int, height: int, background: Color = BACKGROUND) -> None:
-        self.width, self.height = width, height
-        self.pixels = bytearray(bytes(background) * (width * height))
-
-    def set(self, x: int, y: int, color: Color) -> None:
-        if 0 <= x < self.width and 0 <= y < self.height:
-            at = (y * self.width + x) * 3
-            self.pixels[at : at + 3] = bytes(color)
-
-    def get(self, x: int, y: int) -> Color:
-        at = (y * self.width + x) * 3
-        r, g, b = self.pixels[at : at + 3]
-        return r, g, b
-
-    def rect(self, x0: int, y0: int, x1: int, y1: int, color: Color) -> None:
-        """Fill the pixels from (x0, y0) to (x1, y1), both included."""
-        for y in range(y0, y1 + 1):
-            for x in range(x0, x1 + 1):
-                self.set(x, y, color)
-
-    def disc(self, cx: int, cy: int, radius: int, color: Color) -> None:
-        self._annulus(cx, cy, 0, radius, color)
-
-    def ring(self, cx: int, cy: int, inner: int, outer: int, color: Color) -> None:
-        self._annulus(cx, cy, inner, outer, color)
-
-    def _annulus(self, cx: int, cy: int, inner: int, outer: int, color: Color) -> None:
-        # Whole numbers only: a pixel is in when inner² <= dx² + dy² <= outer².
-        for dy in range(-outer, outer + 1):
-            for dx in range(-outer, outer + 1):
-                if inner * inner <= dx * dx + dy * dy <= outer * outer:
-                    self.set(cx + dx, cy + dy, color)
-
-    def cross(self, cx: int, cy: int, arm: int, color: Color) -> None:
-        """A diagonal cross (×) through (cx, cy), three pixels thick."""
-        for k in range(-arm, arm + 1):
-            for t in (-1, 0, 1):
-                self.set(cx + k + t, cy + k, color)
-                self.set(cx + k + t, cy - k, color)
-
-    def text(self, x: int, y: int, text: str, color: Color) -> None:
-        """``text`` with its top left at (x, y), in capitals."""
-        for i, ch in enumerate(text.upper()):
-            left = x + i * ADVANCE
-            for gx, gy in FONT.get(ch, FONT["?"]):
-                self.rect(
-                    left + gx * SCALE,
-                    y + gy * SCALE,
-                    left + gx * SCALE + SCALE - 1,
-                    y + gy * SCALE + SCALE - 1,
-                    color,
-                )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# PNG
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _chunk(tag: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-
-def encode_png(width: int, height: int, rgb: bytes) -> bytes:
-    """An 8-bit RGB PNG of ``rgb`` (``width × height × 3`` bytes, rows from the top)."""
-    stride = width * 3
-    if len(rgb) != stride * height:
-        raise ValueError(f"{width}x{height} RGB needs {stride * height} bytes, not {len(rgb)}")
-    # Filter type 0 (none) before every row: the simplest valid stream; zlib does the compressing.
-    raw = b"".join(b"\x00" + rgb[y * stride : (y + 1) * stride] for y in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit, truecolour, no interlace
-    return (
-        PNG_SIGNATURE
-        + _chunk(b"IHDR", header)
-        + _chunk(b"IDAT", zlib.compress(raw, 9))
-        + _chunk(b"IEND", b"")
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The chart
-# ---------------------------------------------------------------------------------------------------------
+COST_LABEL: Final = "cost (USD)"
+THROUGHPUT_LABEL: Final = "throughput (units/s)"
+"""The API's throughput is unitsPerSecond: units of whatever the program counts, per second."""
+NO_POINTS: Final = "no succeeded cell with a cost and a throughput yet"
+TITLE_CHARS: Final = 90
+"""A longer title is cut (with "..."): matplotlib does not wrap, and a fixed-size PNG would crop it."""
 
 
 @dataclass(frozen=True, slots=True)
 class Point:
-    """A cell on the chart: its values, and its centre in pixels."""
+    """A cell on the chart and its values."""
 
     cell: ResultCell
     cost: Decimal
     units_per_second: Decimal
-    x: int
-    y: int
+
+    @property
+    def group(self) -> str:
+        return group_of(self.cell)
 
 
 @dataclass(frozen=True, slots=True)
 class Axis:
-    """One axis: the smallest and largest value on it, and their labels."""
+    """One axis: the smallest and largest value on it, and its scale."""
 
     low: Decimal
     high: Decimal
-    low_label: str
-    high_label: str
+    scale: Scale
 
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Where everything goes; :func:`render` draws it. Tests read it to know which pixels to look at."""
+    """What the chart shows: its points, axes and best cells; :func:`draw` draws it."""
 
     points: tuple[Point, ...]
     x_axis: Axis | None
@@ -272,6 +85,17 @@ class Layout:
 
     def point(self, index: int) -> Point | None:
         return next((p for p in self.points if p.cell.index == index), None)
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        """The GPU × region groups in the order of their first cell: a legend in a stable order."""
+        return tuple(dict.fromkeys(p.group for p in self.points))
+
+
+def group_of(cell: ResultCell) -> str:
+    """What a cell ran on, as the legend names it: ``H100:1 × eu-west``, or the GPU alone."""
+    gpu = cell.gpu or "no GPU"
+    return f"{gpu} × {cell.region}" if cell.region else gpu
 
 
 def _values(cell: ResultCell) -> tuple[Decimal, Decimal] | None:
@@ -284,175 +108,165 @@ def _values(cell: ResultCell) -> tuple[Decimal, Decimal] | None:
         return None
 
 
-def _to_pixel(value: Decimal, low: Decimal, high: Decimal, span: int) -> int:
-    """``value``'s offset along an axis ``span`` pixels long, rounded half up; the middle when the axis
-    has a single value."""
-    if high == low:
-        return span // 2
-    share = (Fraction(value) - Fraction(low)) * span / (Fraction(high) - Fraction(low))
-    return (2 * share.numerator + share.denominator) // (2 * share.denominator)
-
-
-def _axis(values: Sequence[Decimal], label: Callable[[Decimal], str]) -> Axis:
+def scale_of(values: Sequence[Decimal]) -> Scale:
+    """Log when the values span more than a decade (and are all positive: a log axis has no zero)."""
     low, high = min(values), max(values)
-    return Axis(low, high, label(low), label(high))
+    return "log" if low > 0 and high > low * DECADE else "linear"
 
 
-def _plain(value: Decimal) -> str:
-    """A decimal as digits without trailing zeros (``812.50`` → ``812.5``), never in exponent form."""
-    text = format(value, "f")
-    return text.rstrip("0").rstrip(".") if "." in text else text
-
-
-def _usd_label(amount: Decimal) -> str:
-    return "$" + format_usd(amount)  # as the API spells money: "$0.90", not "$0.9"
+def _axis(values: Sequence[Decimal]) -> Axis:
+    return Axis(min(values), max(values), scale_of(values))
 
 
 def layout(results: SweepResults) -> Layout:
-    """The chart's points (succeeded cells with a cost and a throughput) in pixels, and its axes."""
-    measured = [(c, v) for c in results.cells if (v := _values(c)) is not None]
-    if not measured:
+    """The chart's points (succeeded cells with a cost and a throughput), its axes and its best cells."""
+    points = tuple(Point(c, *v) for c in results.cells if (v := _values(c)) is not None)
+    if not points:
         return Layout((), None, None, None, None)
-    x_axis = _axis([cost for _, (cost, _) in measured], _usd_label)
-    y_axis = _axis([ups for _, (_, ups) in measured], _plain)
-    width = PLOT_RIGHT - PLOT_LEFT - 2 * INSET
-    height = PLOT_BOTTOM - PLOT_TOP - 2 * INSET
-    points = tuple(
-        Point(
-            cell,
-            cost,
-            ups,
-            PLOT_LEFT + INSET + _to_pixel(cost, x_axis.low, x_axis.high, width),
-            PLOT_BOTTOM - INSET - _to_pixel(ups, y_axis.low, y_axis.high, height),
-        )
-        for cell, (cost, ups) in measured
-    )
     by_cost, by_throughput = best_cells(results)
     on_chart = {p.cell.index: p for p in points}
     return Layout(
         points,
-        x_axis,
-        y_axis,
+        _axis([p.cost for p in points]),
+        _axis([p.units_per_second for p in points]),
         on_chart.get(by_cost.index) if by_cost else None,
         on_chart.get(by_throughput.index) if by_throughput else None,
     )
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Tick labels
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _plain(value: float) -> str:
+    """A tick value with thousands separators and at most six decimals, trailing zeros dropped (ticks are
+    floats: 0.30000000000000004 prints as 0.3)."""
+    text = f"{value:,.6f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+def usd_tick(value: float, _position: int | None = None) -> str:
+    """A cost tick as money: ``$0.05``, ``$1.50``, ``$12``, ``$1,000``; sub-cent amounts keep their
+    digits (``$0.0025``)."""
+    whole, _, cents = _plain(value).partition(".")
+    if not cents and abs(value) >= 10:
+        return f"${whole}"
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
+def number_tick(value: float, _position: int | None = None) -> str:
+    """A throughput tick: ``812.5``, ``12,000``; never in exponent form."""
+    return _plain(value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Drawing
+# ---------------------------------------------------------------------------------------------------------
+
+
 def _title(results: SweepResults, plotted: int) -> str:
     name = results.metadata.name or "?"
-    text = f"SWEEP {name}: COST VS THROUGHPUT, {plotted} SUCCEEDED CELL{'S' if plotted != 1 else ''}"
-    limit = (WIDTH - 20) // ADVANCE
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    text = f"Sweep {name}: cost vs throughput, {plotted} succeeded cell{'s' if plotted != 1 else ''}"
+    return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 3] + "..."
 
 
-def _draw_axes(canvas: Canvas, chart: Layout) -> None:
-    canvas.rect(PLOT_LEFT, PLOT_TOP, PLOT_RIGHT, PLOT_TOP, FRAME)
-    canvas.rect(PLOT_RIGHT, PLOT_TOP, PLOT_RIGHT, PLOT_BOTTOM, FRAME)
-    canvas.rect(PLOT_LEFT, PLOT_BOTTOM, PLOT_RIGHT, PLOT_BOTTOM + 1, INK)
-    canvas.rect(PLOT_LEFT - 1, PLOT_TOP, PLOT_LEFT, PLOT_BOTTOM + 1, INK)
-    title = "COST (USD)"
-    canvas.text((PLOT_LEFT + PLOT_RIGHT - text_width(title)) // 2, HEIGHT - 24, title, INK)
-    canvas.text(PLOT_LEFT - 40, PLOT_TOP - 26, "UNITS/S", INK)
-    _x_ticks(canvas, chart)
-    _y_ticks(canvas, chart)
+def _scale(ax: Axes, which: Literal["x", "y"], axis: Axis, label: Literal["usd", "number"]) -> None:
+    from matplotlib import ticker
+
+    target = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)(axis.scale)
+    if axis.scale == "log":
+        # 1, 2 and 5 of each decade: a log axis over one or two decades still gets several labels, and
+        # the unlabelled minor ticks keep the spacing readable.
+        target.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        target.set_minor_formatter(ticker.NullFormatter())
+    target.set_major_formatter(ticker.FuncFormatter(usd_tick if label == "usd" else number_tick))
 
 
-def _x_ticks(canvas: Canvas, chart: Layout) -> None:
-    if chart.x_axis is None or not chart.points:
-        return
-    lo = min(chart.points, key=lambda p: (p.cost, p.cell.index))
-    hi = max(chart.points, key=lambda p: (p.cost, -p.cell.index))
-    ticks = [(lo.x, chart.x_axis.low_label, 0)]
-    if hi.x != lo.x:
-        room = (text_width(chart.x_axis.low_label) + text_width(chart.x_axis.high_label)) // 2 + ADVANCE
-        ticks.append((hi.x, chart.x_axis.high_label, 0 if hi.x - lo.x >= room else 1))
-    for x, label, row in ticks:
-        canvas.rect(x, PLOT_BOTTOM + 2, x, PLOT_BOTTOM + 7, INK)
-        left = min(max(x - text_width(label) // 2, 2), WIDTH - 2 - text_width(label))
-        # Two labels too close to sit side by side: the high one goes a line lower.
-        canvas.text(left, PLOT_BOTTOM + 12 + row * (TEXT_H + 4), label, INK)
+def _draw_groups(ax: Axes, chart: Layout) -> None:
+    for n, group in enumerate(chart.groups):
+        points = [p for p in chart.points if p.group == group]
+        ax.scatter(
+            [float(p.cost) for p in points],
+            [float(p.units_per_second) for p in points],
+            s=36,
+            color=GROUP_COLORS[n % len(GROUP_COLORS)],
+            label=group,
+            zorder=2,
+        )
 
 
-def _y_ticks(canvas: Canvas, chart: Layout) -> None:
-    if chart.y_axis is None or not chart.points:
-        return
-    lo = min(chart.points, key=lambda p: (p.units_per_second, p.cell.index))
-    hi = max(chart.points, key=lambda p: (p.units_per_second, -p.cell.index))
-    ticks = [(lo.y, lo.y, chart.y_axis.low_label)]
-    if hi.y != lo.y:
-        # Two labels closer than a line: the high one moves up until they no longer touch.
-        ticks.append((hi.y, min(hi.y, lo.y - TEXT_H - 4), chart.y_axis.high_label))
-    for y, text_y, label in ticks:
-        canvas.rect(PLOT_LEFT - 7, y, PLOT_LEFT - 2, y, INK)
-        # Right-aligned against the tick; a label too long for the margin is cut on the left edge.
-        canvas.text(PLOT_LEFT - 12 - text_width(label), text_y - TEXT_H // 2, label, INK)
+def _mark(ax: Axes, point: Point, color: str, row: int) -> None:
+    """The ``#index`` label beside a marked cell; the second label of a cell marked twice goes lower."""
+    ax.annotate(
+        f"#{point.cell.index}",
+        (float(point.cost), float(point.units_per_second)),
+        xytext=(10, 8 - 14 * row),
+        textcoords="offset points",
+        color=color,
+        fontweight="bold",
+        zorder=5,
+    )
 
 
-def _label(canvas: Canvas, point: Point, color: Color, row: int) -> None:
-    """``#<index>`` beside a marked cell: above right, or above left near the right edge; the second
-    label of a cell marked twice goes one line lower."""
-    text = f"#{point.cell.index}"
-    x = point.x + RING_OUTER + 4
-    if x + text_width(text) > WIDTH - 2:
-        x = point.x - RING_OUTER - 4 - text_width(text)
-    y = point.y - RING_OUTER - TEXT_H + row * (TEXT_H + 4)
-    canvas.text(x, y, text, color)
+def _draw_best(ax: Axes, chart: Layout) -> None:
+    # The marks go over every cell's point (zorder), so another cell never hides them.
+    if (cheap := chart.by_cost) is not None:
+        xy = ([float(cheap.cost)], [float(cheap.units_per_second)])
+        label = f"best by cost: #{cheap.cell.index}"
+        ax.scatter(*xy, s=300, facecolors="none", edgecolors=RING, linewidths=2, label=label, zorder=3)
+        _mark(ax, cheap, RING, 0)
+    if (fast := chart.by_throughput) is not None:
+        xy = ([float(fast.cost)], [float(fast.units_per_second)])
+        label = f"best by throughput: #{fast.cell.index}"
+        ax.scatter(*xy, s=220, marker="x", color=CROSS, linewidths=2.5, label=label, zorder=4)
+        _mark(ax, fast, CROSS, 1 if fast is cheap else 0)
 
 
-def _legend(canvas: Canvas, chart: Layout) -> None:
-    x, y = 16, 44
-    entries: list[tuple[str, Color, Point | None]] = [
-        ("BEST BY COST", RING, chart.by_cost),
-        ("BEST BY THROUGHPUT", CROSS, chart.by_throughput),
-    ]
-    for name, color, point in entries:
-        text = f"{name} {'#' + str(point.cell.index) if point else '-'}"
-        cx, cy = x + RING_OUTER, y + TEXT_H // 2
-        if color == RING:
-            canvas.ring(cx, cy, RING_INNER, RING_OUTER, color)
-        else:
-            canvas.cross(cx, cy, CROSS_ARM - 2, color)
-        canvas.text(x + 2 * RING_OUTER + 8, y, text, color)
-        x += 2 * RING_OUTER + 8 + text_width(text) + 32
+def _draw_empty(ax: Axes) -> None:
+    ax.text(0.5, 0.5, NO_POINTS, transform=ax.transAxes, ha="center", va="center")
+    ax.set_xticks([])
+    ax.set_yticks([])
 
 
-def _draw_points(canvas: Canvas, chart: Layout) -> None:
-    # Dots first, then the marks over them, then the labels: a mark is never hidden by another cell's dot.
-    for p in chart.points:
-        canvas.disc(p.x, p.y, DOT_RADIUS, DOT)
-    if chart.by_cost is not None:
-        canvas.ring(chart.by_cost.x, chart.by_cost.y, RING_INNER, RING_OUTER, RING)
-    if chart.by_throughput is not None:
-        canvas.cross(chart.by_throughput.x, chart.by_throughput.y, CROSS_ARM, CROSS)
-    if chart.by_cost is not None:
-        _label(canvas, chart.by_cost, RING, 0)
-    if chart.by_throughput is not None:
-        same = chart.by_cost is not None and chart.by_cost.cell.index == chart.by_throughput.cell.index
-        _label(canvas, chart.by_throughput, CROSS, 1 if same else 0)
+def _figure(results: SweepResults) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-
-def draw(results: SweepResults) -> tuple[Canvas, Layout]:
-    """The chart on a canvas, and the layout it was drawn from."""
     chart = layout(results)
-    canvas = Canvas(WIDTH, HEIGHT)
-    canvas.text(16, 16, _title(results, len(chart.points)), INK)
-    _legend(canvas, chart)
-    _draw_axes(canvas, chart)
-    if chart.points:
-        _draw_points(canvas, chart)
-    else:
-        message = "NO SUCCEEDED CELL WITH A COST AND A THROUGHPUT YET"
-        mid_x, mid_y = (PLOT_LEFT + PLOT_RIGHT) // 2, (PLOT_TOP + PLOT_BOTTOM) // 2
-        canvas.text(mid_x - text_width(message) // 2, mid_y - TEXT_H // 2, message, INK)
-    return canvas, chart
+    fig = Figure(figsize=(WIDTH / DPI, HEIGHT / DPI), dpi=DPI, layout="constrained")
+    # The figure draws on Agg, in memory, chosen here for this figure: no pyplot, no display, and nothing
+    # from MPLBACKEND or the process-wide backend.
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_title(_title(results, len(chart.points)))
+    ax.set_xlabel(COST_LABEL)
+    ax.set_ylabel(THROUGHPUT_LABEL)
+    if chart.x_axis is None or chart.y_axis is None:
+        _draw_empty(ax)
+        return fig
+    _scale(ax, "x", chart.x_axis, "usd")
+    _scale(ax, "y", chart.y_axis, "number")
+    ax.grid(True, alpha=0.3)
+    _draw_groups(ax, chart)
+    _draw_best(ax, chart)
+    fig.legend(loc="outside right upper", fontsize="small")
+    return fig
+
+
+def draw(results: SweepResults) -> tuple[Figure, bytes]:
+    """The chart: its figure (drawn, so its transforms place the cells) and its PNG bytes."""
+    import matplotlib.style
+
+    # Matplotlib's own defaults, whatever a matplotlibrc of the user says: the same chart everywhere.
+    with matplotlib.style.context("default"):
+        fig = _figure(results)
+        out = io.BytesIO()
+        fig.savefig(out, format="png", dpi=DPI)  # no bbox_inches="tight": the size stays WIDTH × HEIGHT
+    return fig, out.getvalue()
 
 
 def render(results: SweepResults) -> bytes:
-    """The chart as PNG bytes: the same results give the same bytes."""
-    canvas, _ = draw(results)
-    return encode_png(canvas.width, canvas.height, bytes(canvas.pixels))
-
-
-def plotted(results: SweepResults) -> int:
-    """How many cells the chart shows."""
-    return len(layout(results).points)
+    """The chart as PNG bytes: the same results give the same bytes (on the same matplotlib)."""
+    return draw(results)[1]

@@ -31,7 +31,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from nodus_cli.config import find_local_env, read_env_file
-from nodus_kit import permitting
+from nodus_kit import credentials
 from nodus_schema import subjects
 
 DEFAULT_NATS: Final = "nats://127.0.0.1:4222"
@@ -314,7 +314,7 @@ class Tail:
         # With a credential, replies may only come to its own inbox prefix (ADR-0026): JetStream's
         # answers to the ordered consumer's requests go there.
         try:
-            inbox = {"inbox_prefix": permitting.inbox_of_seed(self.nkey_seed)} if self.nkey_seed else {}
+            inbox = {"inbox_prefix": credentials.inbox_of_seed(self.nkey_seed)} if self.nkey_seed else {}
         except (OSError, ValueError) as e:
             raise CannotConnect(f"--nkey-seed {self.nkey_seed}: {e}") from None
         try:

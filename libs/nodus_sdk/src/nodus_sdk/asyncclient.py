@@ -1,14 +1,17 @@
 """The asynchronous client: ``await AsyncClient().sweeps.get("lr")`` returns a :class:`nodus_schema.Sweep`.
 
-The same accessors as :mod:`nodus_sdk.syncclient`, built from the same calls (:mod:`nodus_sdk.resources`,
-:mod:`nodus_sdk.accessing`), carried over ``httpx.AsyncClient``; lists, watches and logs are async
-iterators.
+Every accessor builds its request with :mod:`nodus_sdk.resources` and :mod:`nodus_sdk.accessing`; this
+module only carries them over ``httpx.AsyncClient``. Lists, watches and logs are async iterators.
+
+:mod:`nodus_sdk.syncclient` is generated from this module (``libs/nodus_sdk/scripts/generate_sync.py``,
+with unasync): edit this one, then regenerate. What the generator cannot translate lives in a module of
+its own, one per client (the watch: :mod:`nodus_sdk.asyncwatch`, :mod:`nodus_sdk.syncwatch`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +27,7 @@ from nodus_schema.offerings import Offering
 from nodus_schema.results import SweepResults
 from nodus_sdk import accessing
 from nodus_sdk.accessing import Accessor, name_selector
+from nodus_sdk.asyncwatch import Watch as Watch  # re-exported: it was defined here before
 from nodus_sdk.configuring import Config, with_overrides
 from nodus_sdk.requesting import (
     TIMEOUT_S,
@@ -43,6 +47,7 @@ from nodus_sdk.resources import (
     JOBS,
     NODES,
     OFFERINGS,
+    PAGE_SIZE,
     PROJECTS,
     SECRETS,
     SWEEPS,
@@ -55,10 +60,9 @@ from nodus_sdk.resources import (
     namespace_in,
 )
 from nodus_sdk.waiting import Condition, WaitTimeout
-from nodus_sdk.watching import Event, Expired, WatchState, gone, meta_rv, reconnectable, unread
+from nodus_sdk.watching import WatchState, gone, meta_rv
 
 T = TypeVar("T")
-PAGE_SIZE = 500
 
 
 class AsyncClient:
@@ -395,7 +399,8 @@ class Resource(ReadResource[T]):
             propagation_policy=propagation_policy,
             dry_run=dry_run,
         )
-        return (await self._client.send(call)).items
+        deleted = await self._client.send(call)
+        return deleted.items
 
 
 class SweepResource(Resource[Sweep]):
@@ -441,79 +446,3 @@ class JobResource(Resource[Job]):
                     yield line
             except httpx.TransportError as e:
                 raise unreachable(self._client.server, e) from None
-
-
-class Watch(Generic[T]):
-    """An async iterator of a watch's events; ``aclose()`` it (or use ``async with``) to stop early."""
-
-    def __init__(self, client: AsyncClient, state: WatchState[T]) -> None:
-        self._client, self.state = client, state
-        self._events = self._run()
-
-    def __aiter__(self) -> AsyncIterator[Event[T]]:
-        return self
-
-    async def __anext__(self) -> Event[T]:
-        return await anext(self._events)
-
-    async def aclose(self) -> None:
-        await self._events.aclose()
-
-    async def __aenter__(self) -> Watch[T]:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
-
-    @property
-    def resource_version(self) -> str | None:
-        """The last resourceVersion seen: where a new watch would resume."""
-        return self.state.resource_version
-
-    async def _run(self) -> AsyncGenerator[Event[T], None]:
-        state, client = self.state, self._client
-        delays = client.retry.delays()
-        while not state.expired():
-            call = Call("GET", state.path, unread, state.params())
-            try:
-                async with client.stream(call, read_timeout=state.read_timeout()) as resp:
-                    state.connections += 1
-                    delays = client.retry.delays()  # connected: the next drop starts a fresh backoff
-                    async for line in resp.aiter_lines():
-                        event = state.on_line(line)
-                        if event is not None:
-                            yield event
-                        if state.expired():
-                            return
-            except Expired:
-                for relisted in await self._relist():
-                    yield relisted
-            except Exception as e:
-                if not reconnectable(e):
-                    raise
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                await asyncio.sleep(min(delay, max(state.remaining() or delay, 0)))
-
-    async def _relist(self) -> list[Event[T]]:
-        state = self.state
-        items: list[T] = []
-        token: str | None = None
-        rv: str | None = None
-        while True:
-            page: Page[T] = await self._client.send(
-                state.calls.list_page(
-                    state.namespace,
-                    label_selector=state.label_selector,
-                    field_selector=state.field_selector,
-                    limit=PAGE_SIZE,
-                    continue_=token,
-                )
-            )
-            items.extend(page.items)
-            rv = rv or page.resource_version
-            token = page.continue_
-            if not token:
-                break
-        return state.on_relisted(Page(items, rv))

@@ -23,6 +23,8 @@ from nodus_sdk.requesting import Call, body_of, collection_path, decode_body, it
 
 T = TypeVar("T")
 
+PAGE_SIZE: Final = 500
+"""Objects per page of a ``list()`` and of a watch's relist."""
 PatchType = Literal["merge", "json", "strategic", "apply"]
 PATCH_MEDIA: Final[dict[str, str]] = {
     "merge": "application/merge-patch+json",

@@ -1,14 +1,16 @@
+# Generated from asyncclient.py by libs/nodus_sdk/scripts/generate_sync.py (unasync); do not edit.
+# Edit asyncclient.py, then run: .venv/bin/python libs/nodus_sdk/scripts/generate_sync.py
 """The synchronous client: ``Client().sweeps.get("lr")`` returns a :class:`nodus_schema.Sweep`.
 
 Every accessor builds its request with :mod:`nodus_sdk.resources` and :mod:`nodus_sdk.accessing`, the same
-calls the async client sends; this module only carries them over ``httpx.Client``.
+calls the async client sends; this module only carries them over ``httpx.Client``. Lists, watches and logs
+are iterators; the watch is :mod:`nodus_sdk.syncwatch`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
@@ -43,6 +45,7 @@ from nodus_sdk.resources import (
     JOBS,
     NODES,
     OFFERINGS,
+    PAGE_SIZE,
     PROJECTS,
     SECRETS,
     SWEEPS,
@@ -54,11 +57,11 @@ from nodus_sdk.resources import (
     name_of,
     namespace_in,
 )
+from nodus_sdk.syncwatch import Watch as Watch  # re-exported: it was defined here before
 from nodus_sdk.waiting import Condition, WaitTimeout
-from nodus_sdk.watching import Event, Expired, WatchState, gone, meta_rv, reconnectable, unread
+from nodus_sdk.watching import WatchState, gone, meta_rv
 
 T = TypeVar("T")
-PAGE_SIZE = 500
 
 
 class Client:
@@ -276,9 +279,8 @@ class ReadResource(Generic[T]):
             return last
         rv = meta_rv(last)
         selector = name_selector(name)
-        with self.watch(
-            namespace=namespace, field_selector=selector, resource_version=rv, timeout=timeout
-        ) as w:
+        watch = self.watch(namespace=namespace, field_selector=selector, resource_version=rv, timeout=timeout)
+        with watch as w:
             for event in w:
                 if event.type == "DELETED":
                     raise gone(self.kind, name)
@@ -391,7 +393,8 @@ class Resource(ReadResource[T]):
             propagation_policy=propagation_policy,
             dry_run=dry_run,
         )
-        return self._client.send(call).items
+        deleted = self._client.send(call)
+        return deleted.items
 
 
 class SweepResource(Resource[Sweep]):
@@ -434,91 +437,3 @@ class JobResource(Resource[Job]):
                 yield from resp.iter_lines()
             except httpx.TransportError as e:
                 raise unreachable(self._client.server, e) from None
-
-
-class Watch(Generic[T]):
-    """An iterator of a watch's events; close it (or use ``with``) to stop early."""
-
-    def __init__(self, client: Client, state: WatchState[T]) -> None:
-        self._client, self.state = client, state
-        self._closed = False
-        self._response: httpx.Response | None = None
-        self._events = self._run()
-
-    def __iter__(self) -> Iterator[Event[T]]:
-        return self
-
-    def __next__(self) -> Event[T]:
-        return next(self._events)
-
-    def close(self) -> None:
-        """Stop the watch; from another thread too (then its iteration ends at the next line or
-        read timeout)."""
-        self._closed = True
-        resp = self._response
-        if resp is not None:
-            with contextlib.suppress(Exception):
-                resp.close()
-        with contextlib.suppress(ValueError):  # "generator already executing": in another thread
-            self._events.close()
-
-    def __enter__(self) -> Watch[T]:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    @property
-    def resource_version(self) -> str | None:
-        """The last resourceVersion seen: where a new watch would resume."""
-        return self.state.resource_version
-
-    def _run(self) -> Generator[Event[T], None, None]:
-        state, client = self.state, self._client
-        delays = client.retry.delays()
-        while not state.expired() and not self._closed:
-            call = Call("GET", state.path, unread, state.params())
-            try:
-                with client.stream(call, read_timeout=state.read_timeout()) as resp:
-                    self._response = resp
-                    state.connections += 1
-                    delays = client.retry.delays()  # connected: the next drop starts a fresh backoff
-                    for line in resp.iter_lines():
-                        event = state.on_line(line)
-                        if event is not None:
-                            yield event
-                        if state.expired():
-                            return
-            except Expired:
-                yield from self._relist()
-            except Exception as e:
-                if self._closed:
-                    return
-                if not reconnectable(e):
-                    raise
-                delay = next(delays, None)
-                if delay is None:
-                    raise
-                time.sleep(min(delay, max(state.remaining() or delay, 0)))
-
-    def _relist(self) -> Iterator[Event[T]]:
-        state = self.state
-        items: list[T] = []
-        token: str | None = None
-        rv: str | None = None
-        while True:
-            page: Page[T] = self._client.send(
-                state.calls.list_page(
-                    state.namespace,
-                    label_selector=state.label_selector,
-                    field_selector=state.field_selector,
-                    limit=PAGE_SIZE,
-                    continue_=token,
-                )
-            )
-            items.extend(page.items)
-            rv = rv or page.resource_version
-            token = page.continue_
-            if not token:
-                break
-        yield from state.on_relisted(Page(items, rv))
