@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.running import Result
-from nodus_agent import archiving, s3, uploading
+from nodus_agent import chunkstreams, packing, s3, uploading
 from nodus_agent.checkpointing import Checkpointer
 from nodus_testing.seaweed import SeaweedS3
 
@@ -152,8 +152,8 @@ async def run(n: int) -> list[Result]:
 async def _measure(
     client: Any, bucket: str, state: Path, state_bytes: int, rounds: int, tmp: Path, server_pid: int
 ) -> list[Result]:
-    async with archiving.pack({"nodus/state": state}) as stream:
-        archive = await archiving.collect(stream)
+    async with packing.pack({"nodus/state": state}) as stream:
+        archive = await chunkstreams.collect(stream)
     files = await asyncio.to_thread(_file_contents, state)
     ck = Checkpointer(client, bucket, namespace="bench", job="ckpt", index=0, attempt="bench-0-a1")
     await raw_upload(client, bucket, "warm-up", archive)  # the first volumes of a bucket grow slowly

@@ -3,7 +3,9 @@
 Run against a stack from ``make up`` (it reads ``.nodus/local.env`` and ``.nodus/stack.json``):
 ``python -m bench.idle_stack 3000`` creates that many Jobs suspended, cancels them, waits until billing has
 written every final cost, lets the stack settle for 45 s, then prints each process's share of one core
-over the next 30 s. Not part of ``make bench``: it needs a stack of its own (``localstack up --fresh``).
+over the next 30 s. ``python -m bench.idle_stack 3000 suspended`` leaves them Suspended instead (and waits
+until the scheduler has written each one's Suspended phase). Not part of ``make bench``: it needs a stack
+of its own (``localstack up --fresh``).
 """
 
 from __future__ import annotations
@@ -41,11 +43,19 @@ def _job(i: int) -> dict[str, Any]:
     return {"apiVersion": "nodus.dev/v1", "kind": "Job", "metadata": {"name": f"j{i}"}, "spec": spec}
 
 
-async def _finals(http: httpx.AsyncClient) -> int:
+def _final(job: dict[str, Any]) -> bool:
+    return bool((job.get("status", {}).get("cost") or {}).get("final"))
+
+
+def _suspended(job: dict[str, Any]) -> bool:
+    return job.get("status", {}).get("phase") == "Suspended"
+
+
+async def _count(http: httpx.AsyncClient, done: Any) -> int:
     n, cont = 0, None
     while True:
         page = (await http.get(BASE, params={"limit": 500, **({"continue": cont} if cont else {})})).json()
-        n += sum(1 for j in page["items"] if (j.get("status", {}).get("cost") or {}).get("final"))
+        n += sum(1 for j in page["items"] if done(j))
         cont = page["metadata"].get("continue")
         if not cont:
             return n
@@ -60,7 +70,7 @@ def _stack() -> tuple[dict[str, str], dict[str, int]]:
     return env, pids
 
 
-async def main(n: int) -> None:
+async def main(n: int, suspended: bool) -> None:
     env, pids = _stack()
     headers = {"Authorization": f"Bearer {env['NODUS_TOKEN']}"}
     verify = ssl.create_default_context(cafile=env["NODUS_CA"])
@@ -72,18 +82,22 @@ async def main(n: int) -> None:
         async def one(i: int) -> None:
             async with gate:
                 assert (await http.post(BASE, json=_job(i))).status_code in (201, 409)
+                if suspended:
+                    return
                 cancel = {"spec": {"state": "Cancelled"}}
                 merge = {"Content-Type": "application/merge-patch+json"}
                 assert (await http.patch(f"{BASE}/j{i}", json=cancel, headers=merge)).status_code == 200
 
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(n)))
-        print(f"created and cancelled {n} Jobs in {time.perf_counter() - start:.0f} s", flush=True)
+        what = "created" if suspended else "created and cancelled"
+        print(f"{what} {n} Jobs in {time.perf_counter() - start:.0f} s", flush=True)
+        done = _suspended if suspended else _final
 
-        async def all_final() -> bool:
-            return await _finals(http) >= n
+        async def all_done() -> bool:
+            return await _count(http, done) >= n
 
-        await eventually(all_final, deadline_s=240, interval_s=2, message="billing wrote every final cost")
+        await eventually(all_done, deadline_s=600, interval_s=2, message="every Job's status written")
     # Both waits are the measurement itself: the stack left alone, then its CPU over a window.
     await asyncio.sleep(SETTLE_S)
     before = {k: _cpu_s(p) for k, p in pids.items()}
@@ -95,4 +109,4 @@ async def main(n: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000))
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 1000, "suspended" in sys.argv[2:]))

@@ -44,6 +44,7 @@ from nodus_schema.messages import (
     Report,
     StartAttempt,
     StopAttempt,
+    StopReason,
 )
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.nodes import Node
@@ -355,7 +356,8 @@ async def test_stop_attempt_stops_the_program_and_its_group(agent: Agent, unique
     _, child = (int(p) for p in pids_file.read_text().split())
 
     await agent.assign(
-        StopAttempt(namespace=NAMESPACE, attempt=attempt, reason="Cancelled"), msg_id=f"{attempt}:stop"
+        StopAttempt(namespace=NAMESPACE, attempt=attempt, reason=StopReason.CANCELLED),
+        msg_id=f"{attempt}:stop",
     )
     finished = await agent.reports.wait_finished(attempt, deadline_s=5)
     assert finished.reason == "Stopped" and finished.message is not None and "Cancelled" in finished.message
@@ -460,7 +462,7 @@ async def test_secret_values_reach_the_program_as_env_and_files(agent: Agent, un
 async def test_stop_before_start_leaves_a_record_that_wins(agent: Agent, unique: str) -> None:
     attempt = f"{unique}-early"
     await agent.assign(
-        StopAttempt(namespace=NAMESPACE, attempt=attempt, reason="Cancelled"), msg_id=f"{attempt}:s"
+        StopAttempt(namespace=NAMESPACE, attempt=attempt, reason=StopReason.CANCELLED), msg_id=f"{attempt}:s"
     )
     await agent.consumed(
         await agent.assign(agent.start_msg(attempt, python("pass")), msg_id=f"{attempt}:start")

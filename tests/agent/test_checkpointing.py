@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import zstandard
 
-from nodus_agent import archiving, uploading
+from nodus_agent import archiving, chunkstreams, packing, unpacking, uploading
 from nodus_agent.checkpointing import (
     DONE_FILE,
     READY_FILE,
@@ -194,7 +194,7 @@ async def test_extract_refuses_members_that_escape(tmp_path: Path, case: str) ->
     (target / "keep").write_text("was here")
     data = hostile([("nodus/state/ok", "file", "fine"), *HOSTILE[case]])
     with pytest.raises(archiving.UnsafeArchive):
-        await archiving.unpack(chunks_of(data), {"nodus/state": target})
+        await unpacking.unpack(chunks_of(data), {"nodus/state": target})
     assert sorted(os.listdir(target)) == ["keep"], "a refused archive must leave the target untouched"
     assert sorted(os.listdir(tmp_path / "attempt")) == ["state"], "the staging directory is removed"
     assert not (tmp_path / "evil").exists() and not (tmp_path / "outside").exists()
@@ -208,15 +208,15 @@ async def test_pack_stores_links_inside_and_skips_those_that_escape(tmp_path: Pa
     os.symlink("../../etc/passwd", src / "climbs")
     os.symlink("/etc/passwd", src / "absolute")
     os.mkfifo(src / "pipe")
-    async with archiving.pack({"nodus/state": src}) as stream:
-        data = await archiving.collect(stream)
+    async with packing.pack({"nodus/state": src}) as stream:
+        data = await chunkstreams.collect(stream)
     assert sorted(s.split(":")[0] for s in stream.stats.skipped) == [
         "nodus/state/absolute",
         "nodus/state/climbs",
         "nodus/state/pipe",
     ]
     out = tmp_path / "restored"
-    await archiving.unpack(chunks_of(data), {"nodus/state": out}, sha256=stream.stats.sha256, size=len(data))
+    await unpacking.unpack(chunks_of(data), {"nodus/state": out}, sha256=stream.stats.sha256, size=len(data))
     assert os.readlink(out / "inside") == "sub/f"
     assert (out / "inside").read_text() == "data"
     assert sorted(os.listdir(out)) == ["inside", "sub"]
@@ -228,8 +228,8 @@ async def test_incompressible_files_are_stored_in_raw_frames_any_zstd_reads(tmp_
     noise = os.urandom(3 * MiB)
     (src / "noise.bin").write_bytes(noise)
     (src / "log.txt").write_bytes(b"loss 0.5\n" * 300_000)
-    async with archiving.pack({"nodus/state": src}) as stream:
-        data = await archiving.collect(stream)
+    async with packing.pack({"nodus/state": src}) as stream:
+        data = await chunkstreams.collect(stream)
     assert data.count(b"\x28\xb5\x2f\xfd\x00\x38") == 1, "one stored frame: the random file's"
     assert len(noise) < len(data) < len(noise) + 64 * 1024, "random bytes pass as they are, text shrinks"
     plain = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True).read()
@@ -409,8 +409,8 @@ async def test_restore_refuses_a_damaged_checkpoint(store: Store, tmp_path: Path
         await client.put_object(Bucket=bucket, Key=info.key, Body=bytes(bad))
     elif damage == "another valid archive":
         (state / "optim" / "state.json").write_text(json.dumps({"step": 9999}))
-        async with archiving.pack({"nodus/state": state}) as stream:
-            await client.put_object(Bucket=bucket, Key=info.key, Body=await archiving.collect(stream))
+        async with packing.pack({"nodus/state": state}) as stream:
+            await client.put_object(Bucket=bucket, Key=info.key, Body=await chunkstreams.collect(stream))
     else:
         await client.delete_object(Bucket=bucket, Key=info.key)
 

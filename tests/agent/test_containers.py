@@ -20,10 +20,13 @@ import pytest
 import pytest_asyncio
 
 from nodus_agent.attemptdir import AttemptDir
-from nodus_agent.containers import (
+from nodus_agent.configuring import Ulimit
+from nodus_agent.containerbodies import create_body
+from nodus_agent.containerexits import CUSTOMER, INFRASTRUCTURE, ContainerExit, LaunchFailed, classify
+from nodus_agent.containerlogs import LogCursor, reconcile_log, render
+from nodus_agent.containers import ContainerRuntime
+from nodus_agent.containerspec import (
     ALLOWLIST_UNENFORCED,
-    CUSTOMER,
-    INFRASTRUCTURE,
     LABEL_ATTEMPT,
     LABEL_EGRESS,
     LABEL_NAMESPACE,
@@ -31,22 +34,13 @@ from nodus_agent.containers import (
     LABEL_ROLE,
     MAIN,
     SIDECAR,
-    ContainerExit,
-    ContainerRuntime,
     ContainerSpec,
     InitCommand,
-    LaunchFailed,
-    LogCursor,
     Sidecar,
-    Ulimit,
     attempt_mounts,
-    classify,
-    create_body,
     egress_warning,
     init_name,
     parse_ulimits,
-    reconcile_log,
-    render,
     sidecar_name,
 )
 from nodus_agent.dockerapi import (

@@ -25,15 +25,9 @@ from aiobotocore.session import get_session
 from aiohttp import web
 
 from nodus_agent import s3
-from nodus_agent.inputs import (
-    InputContext,
-    InputError,
-    InputSettings,
-    S3Credentials,
-    extract_tar_zst,
-    materialise,
-    output_keys,
-)
+from nodus_agent.inputcontext import InputContext, InputError, InputSettings, S3Credentials
+from nodus_agent.inputoutput import extract_tar_zst, output_keys
+from nodus_agent.inputs import materialise
 from nodus_schema.configs import Connection, ConnectionSpec, S3Connection, Secret
 from nodus_schema.jobs import (
     BucketInput,

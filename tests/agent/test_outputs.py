@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from nodus_agent import archiving, uploading
+from nodus_agent import chunkstreams, unpacking, uploading
 from nodus_agent.outputs import (
     DeclaredOutput,
     OutputRecord,
@@ -49,7 +49,7 @@ async def read(store: Store, key: str) -> bytes:
     """An object of this test (``key`` without the test's prefix)."""
     chunks = uploading.download(store.client, store.bucket, store.root + key, chunk_size=5 * MiB)
     async with contextlib.aclosing(chunks):
-        return await archiving.collect(chunks)
+        return await chunkstreams.collect(chunks)
 
 
 def sha(data: bytes) -> str:
@@ -113,7 +113,7 @@ async def test_files_as_they_are_directories_as_tar_zst_and_outputs_dir(store: S
     model = records[0]
     chunks = uploading.download(client, bucket, model.key)
     async with contextlib.aclosing(chunks):
-        await archiving.unpack(
+        await unpacking.unpack(
             chunks, {"model": tmp_path / "got"}, sha256=model.sha256, size=model.size_bytes
         )
     assert files(tmp_path / "got") == files(work / "model")

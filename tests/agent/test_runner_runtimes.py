@@ -23,7 +23,8 @@ from nats.aio.client import Client as NATS
 
 from nodus_agent import s3
 from nodus_agent.attemptdir import FINISHED, RUNNING, AttemptDir, Record
-from nodus_agent.containers import ContainerRuntime, Ulimit
+from nodus_agent.configuring import Ulimit
+from nodus_agent.containers import ContainerRuntime
 from nodus_agent.dockerapi import DockerAPI
 from nodus_agent.dockerruntime import DockerRuntime
 from nodus_agent.preparing import Toolkit
@@ -31,7 +32,7 @@ from nodus_agent.reporting import Reporter
 from nodus_agent.running import Runner
 from nodus_agent.settings import AgentSettings
 from nodus_schema.jobs import CheckpointPolicy, JobOutput, Resources
-from nodus_schema.messages import AttemptFinished, StartAttempt, StopAttempt
+from nodus_schema.messages import AttemptFinished, StartAttempt, StopAttempt, StopReason
 from nodus_testing.podman import PodmanService
 from nodus_testing.seaweed import SeaweedS3
 from nodus_testing.waiting import eventually
@@ -218,7 +219,9 @@ async def test_a_suspended_index_resumes_from_its_checkpoint_and_commits_its_out
         await eventually(lambda: progress.exists() and progress.read_text() == "5", message="no progress")
         # A suspension of a Checkpointed Job: checkpoint, then stop.
         await runner.stop(
-            StopAttempt(namespace=NAMESPACE, attempt=first.attempt, reason="Suspended", checkpoint=True)
+            StopAttempt(
+                namespace=NAMESPACE, attempt=first.attempt, reason=StopReason.SUSPENDED, checkpoint=True
+            )
         )
         stopped = await finished(tmp_path, first.attempt)
         assert stopped.reason == "Stopped"

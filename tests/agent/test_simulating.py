@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from nodus_agent.attemptdir import RUNNING, Record
+from nodus_agent.journaling import Entry, Journal
 from nodus_agent.running import AGENT_RESTARTED, STOPPED_BEFORE_START
 from nodus_agent.simulating import (
     ASSIGNMENTS,
@@ -52,6 +55,7 @@ from nodus_schema.messages import (
     Report,
     StartAttempt,
     StopAttempt,
+    StopReason,
 )
 from nodus_schema.meta import ObjectMeta, parse_time
 from nodus_schema.nodes import Node
@@ -309,7 +313,9 @@ async def test_stop_attempt_stops_a_run(
     node = node_name(unique, 0)
     await assign(nc, node, start_msg(unique, node, "run-4", seconds="60"), "start-4")
     await eventually(lambda: reports.of(AttemptStarted, "run-4"), message="never started")
-    await assign(nc, node, StopAttempt(namespace=unique, attempt="run-4", reason="JobDeleted"), "stop-4")
+    await assign(
+        nc, node, StopAttempt(namespace=unique, attempt="run-4", reason=StopReason.JOB_DELETED), "stop-4"
+    )
     stopped = await reports.finished("run-4")
     assert (stopped.reason, stopped.exit_code, stopped.message) == (
         "Stopped",
@@ -318,7 +324,9 @@ async def test_stop_attempt_stops_a_run(
     )
     assert stopped.wall_millis < 60_000
     # A stop for an attempt never seen: Stopped at once, and a late start does not run it.
-    await assign(nc, node, StopAttempt(namespace=unique, attempt="run-5", reason="JobDeleted"), "stop-5")
+    await assign(
+        nc, node, StopAttempt(namespace=unique, attempt="run-5", reason=StopReason.JOB_DELETED), "stop-5"
+    )
     never = await reports.finished("run-5")
     assert (never.reason, never.message) == ("Stopped", STOPPED_BEFORE_START)
     seq = await assign(nc, node, start_msg(unique, node, "run-5"), "start-5")
@@ -351,6 +359,81 @@ async def test_a_vanished_node_stops_heartbeating_and_reporting(
     await fleet.revive(gone)
     lost = await reports.finished("run-6")
     assert (lost.reason, lost.message) == ("Lost", LOST_ON_REVIVE)
+
+
+# -- consuming: the kit's Consumer -----------------------------------------------------------------------
+async def test_assignments_no_node_of_the_fleet_can_run_are_dead_lettered(
+    nc: NATS, unique: str, make_fleet: MakeFleet, reports: Reports
+) -> None:
+    fleet = await make_fleet()
+    node, durable = node_name(unique, 0), f"simfleet-{unique}-0"
+    letters = await nc.subscribe(f"nodus.dead.{ASSIGNMENTS}.{durable}")
+    elsewhere = msgspec.structs.replace(start_msg(unique, node, "run-8"), node="somewhere-else")
+    await assign(nc, node, elsewhere, "start-8")
+    await assign(nc, node, start_msg(unique, node, "Not_A_Label"), "start-9")
+    reasons = [(await letters.next_msg(timeout=10)).headers or {} for _ in range(2)]
+    assert sorted(r[messaging.DEAD_REASON] for r in reasons) == [
+        "StartAttempt for node 'somewhere-else' reached node " + repr(node),
+        "attempt 'Not_A_Label' is not a DNS label",
+    ]
+    assert {r[messaging.DEAD_SUBJECT] for r in reasons} == {f"nodus.assign.{node}"}
+    await letters.unsubscribe()
+    # Dead letters are terminated: nothing waits in the stream, nothing ran.
+    await consumed(nc, durable, await assign(nc, node, start_msg(unique, node, "run-10", "0.1"), "s-10"))
+    assert (fleet.stats["dead"], fleet.stats["started"]) == (2, 1)
+    assert reports.of(AttemptStarted, "run-8") == []
+
+
+async def test_a_journal_that_cannot_be_written_stops_the_fleet_taking_work(
+    nc: NATS, unique: str, tmp_path: Path, reports: Reports, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    failures: list[BaseException] = []
+    settings = FleetSettings(fleet=unique, nodes=1, heartbeat_s=0.5, progress_s=0.0, workdir=tmp_path)
+    fleet = await SimulatedFleet(nc, settings, on_fatal=failures.append).start()
+    try:
+
+        async def full_disk() -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(fleet.journal, "sync", full_disk)
+        node, durable = node_name(unique, 0), f"simfleet-{unique}-0"
+        seq = await assign(nc, node, start_msg(unique, node, "run-11"), "start-11")
+        await eventually(lambda: failures, message="the fleet never gave up on its journal")
+        assert isinstance(failures[0], OSError)
+        # Not recorded, so neither reported nor acknowledged: it comes again, to a fleet that can record it.
+        info = await nc.jetstream().consumer_info(ASSIGNMENTS, durable)
+        assert int(info.ack_floor.stream_seq or 0) < seq
+        assert reports.of(AttemptStarted, "run-11") == []
+    finally:
+        await fleet.stop(forget=True)
+
+
+def test_handlers_side_by_side_share_one_fsync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Consumer runs a fetched batch's handlers side by side; their records reach disk together."""
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        fsyncs.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    journal = Journal(tmp_path / "journal.jsonl")
+    journal.load()
+    fsyncs.clear()  # the compaction's own
+
+    async def handle(i: int) -> None:
+        journal.append(Entry(namespace="ns", attempt=f"a{i}", node="n", record=Record(phase=RUNNING)))
+        await journal.sync()
+
+    async def batches() -> None:
+        for _ in range(3):
+            await asyncio.gather(*(handle(i) for i in range(64)))
+
+    asyncio.run(batches())
+    journal.close()
+    assert len(fsyncs) == 3
+    assert len(Journal(tmp_path / "journal.jsonl").load()) == 64
 
 
 # -- with the real scheduler ------------------------------------------------------------------------------

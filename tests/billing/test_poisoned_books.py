@@ -41,7 +41,8 @@ from nodus_gateway.app import build_app
 from nodus_gateway.principals import Principals
 from nodus_gateway.resources import stores_for
 from nodus_kit import errors, messaging
-from nodus_kit.storing import ObjectStore, key_of
+from nodus_kit.keying import key_of
+from nodus_kit.storing import ObjectStore
 from nodus_schema.billing import HoldReply, HoldRequest
 from nodus_schema.defaulting import default_job
 from nodus_schema.jobs import Job, JobSpec

@@ -176,7 +176,9 @@ def test_a_sweep_capped_at_its_concurrent_hold_funds_every_slot() -> None:
     )
     assert (capped.hold_usd, capped.concurrent_hold_usd) == (free.hold_usd, free.concurrent_hold_usd)
     assert capped.blocking_reasons == []
-    assert [w.code for w in capped.warnings if w.code.startswith("MaxCost")] == ["MaxCostBelowEstimate"]
+    assert [w.code for w in capped.warnings if w.code and w.code.startswith("MaxCost")] == [
+        "MaxCostBelowEstimate"
+    ]
 
 
 def test_a_template_cap_is_checked_per_cell() -> None:

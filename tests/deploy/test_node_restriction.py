@@ -31,7 +31,7 @@ from nodus_agent.service import AgentService
 from nodus_gateway.logstreaming import FORGERIES, LogReader
 from nodus_gateway.noding import serve_nodes
 from nodus_gateway.resources import stores_for
-from nodus_kit import errors, messaging, permitting
+from nodus_kit import credentials, errors, messaging
 from nodus_kit.connecting import connect
 from nodus_kit.measuring import REGISTRY
 from nodus_kit.messaging import Consumer
@@ -124,7 +124,7 @@ async def test_an_anonymous_client_and_an_unknown_key_are_refused(declared: str,
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
         await nats.connect(declared, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
     stranger = tmp_path / "stranger.nk"
-    stranger.write_bytes(permitting.new_seed())
+    stranger.write_bytes(credentials.new_seed())
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
         await nats.connect(
             declared,

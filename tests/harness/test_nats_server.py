@@ -9,7 +9,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from nodus_kit import permitting
+from nodus_kit import credentials
 from nodus_testing.natsserver import NatsServer
 from nodus_testing.waiting import eventually
 
@@ -24,7 +24,7 @@ async def _connect(url: str, seed: Path | None) -> Client:
         max_reconnect_attempts=-1,
         allow_reconnect=True,
         nkeys_seed=str(seed),
-        inbox_prefix=permitting.inbox_of_seed(seed),
+        inbox_prefix=credentials.inbox_of_seed(seed),
     )
 
 
@@ -94,19 +94,19 @@ async def test_the_server_refuses_anonymous_clients_and_unknown_nkeys(
 ) -> None:
     # The session server, as every test meets it: no anonymous client, no key it was not configured with.
     stranger = tmp_path / "stranger.nk"
-    stranger.write_bytes(permitting.new_seed() + b"\n")
+    stranger.write_bytes(credentials.new_seed() + b"\n")
     once = {"connect_timeout": 2, "allow_reconnect": False, "max_reconnect_attempts": 0}
     with pytest.raises(nats.errors.Error, match=r"(?i)authorization violation"):
         await nats.connect(nats_url, **once)
     with pytest.raises(nats.errors.Error, match=r"(?i)authorization violation"):
         await nats.connect(
-            nats_url, nkeys_seed=str(stranger), inbox_prefix=permitting.inbox_of_seed(stranger), **once
+            nats_url, nkeys_seed=str(stranger), inbox_prefix=credentials.inbox_of_seed(stranger), **once
         )
     # The harness credential is in; so is a generated one (admin: it may ask for stream configs).
     assert nats_server.credentials is not None
     for seed in (nats_seed, nats_server.credentials.seed("admin")):
         nc = await nats.connect(
-            nats_url, nkeys_seed=str(seed), inbox_prefix=permitting.inbox_of_seed(seed), **once
+            nats_url, nkeys_seed=str(seed), inbox_prefix=credentials.inbox_of_seed(seed), **once
         )
         try:
             assert nc.is_connected

@@ -8,8 +8,9 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
-from nodus_kit.controlling import Controller, Key, Source
+from nodus_kit.controlling import Controller, Key
 from nodus_kit.errors import Conflict, Invalid
+from nodus_kit.informing import Informer
 from nodus_kit.queueing import ShutDown, WorkQueue
 from nodus_kit.storing import ObjectStore
 from nodus_schema.jobs import Job, JobSpec
@@ -38,7 +39,9 @@ async def test_key_added_while_processing_comes_back_after_done() -> None:
 async def test_rate_limited_backoff_grows_and_forget_resets() -> None:
     q: WorkQueue[str] = WorkQueue(base_delay=0.01, max_delay=0.04)
     delays = [q.add_rate_limited("a") for _ in range(4)]
-    assert delays == [0.01, 0.02, 0.04, 0.04]
+    # Jittered (nodus_kit.backingoff): each at most its exponential, capped.
+    assert all(0 <= d <= c for d, c in zip(delays, [0.01, 0.02, 0.04, 0.04], strict=True))
+    assert q.failures("a") == 4
     q.forget("a")
     assert q.failures("a") == 0
     assert await asyncio.wait_for(q.get(), 1) == "a"  # the timers fired once: still one entry
@@ -72,7 +75,7 @@ async def test_controller_reconciles_each_change_and_retries_failures(nc: NATS, 
         seen.append(key)
         return None
 
-    ctl = Controller("test", reconcile, [Source(jobs, namespace=unique)], workers=2, resync_s=3600)
+    ctl = Controller("test", reconcile, Informer(jobs, namespace=unique), workers=2, resync_s=3600)
     ctl.queue.base_delay = 0.01
     task = asyncio.create_task(ctl.run())
     try:
@@ -83,6 +86,7 @@ async def test_controller_reconciles_each_change_and_retries_failures(nc: NATS, 
     finally:
         await ctl.stop()
         await task
+        await ctl.for_.stop()
 
 
 async def test_controller_drops_permanent_errors_until_the_object_changes(nc: NATS, unique: str) -> None:
@@ -93,7 +97,7 @@ async def test_controller_drops_permanent_errors_until_the_object_changes(nc: NA
         calls.append(key[1])
         raise Invalid("cannot work with this")
 
-    ctl = Controller("test", reconcile, [Source(jobs, namespace=unique)], workers=1, resync_s=3600)
+    ctl = Controller("test", reconcile, Informer(jobs, namespace=unique), workers=1, resync_s=3600)
     ctl.queue.base_delay = 0.05
     task = asyncio.create_task(ctl.run())
     try:
@@ -110,6 +114,7 @@ async def test_controller_drops_permanent_errors_until_the_object_changes(nc: NA
     finally:
         await ctl.stop()
         await task
+        await ctl.for_.stop()
 
 
 async def test_resync_finds_what_no_event_announced(nc: NATS, unique: str) -> None:
@@ -123,13 +128,14 @@ async def test_resync_finds_what_no_event_announced(nc: NATS, unique: str) -> No
             count += 1
         return None
 
-    ctl = Controller("test", reconcile, [Source(jobs, namespace=unique)], workers=1, resync_s=0.2)
+    ctl = Controller("test", reconcile, Informer(jobs, namespace=unique), workers=1, resync_s=0.2)
     task = asyncio.create_task(ctl.run())
     try:
         await eventually(lambda: count >= 3, message="resync did not re-queue the object")
     finally:
         await ctl.stop()
         await task
+        await ctl.for_.stop()
 
 
 async def test_a_run_cancelled_during_its_grace_leaves_no_reconcile_running(nc: NATS, unique: str) -> None:
@@ -148,7 +154,7 @@ async def test_a_run_cancelled_during_its_grace_leaves_no_reconcile_running(nc: 
             ended.set()
         return None
 
-    ctl = Controller("test", reconcile, [Source(jobs, namespace=unique)], workers=1, stop_grace_s=3600)
+    ctl = Controller("test", reconcile, Informer(jobs, namespace=unique), workers=1, stop_grace_s=3600)
     task = asyncio.create_task(ctl.run())
     await jobs.create(_job(unique, "a"))
     await asyncio.wait_for(began.wait(), 10)
@@ -158,3 +164,4 @@ async def test_a_run_cancelled_during_its_grace_leaves_no_reconcile_running(nc: 
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
     assert ended.is_set(), "the worker was still reconciling after run() ended"
+    await ctl.for_.stop()

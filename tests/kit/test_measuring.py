@@ -15,7 +15,8 @@ from nats.aio.client import Client as NATS
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodus_kit import errors, leasing, measuring, messaging
-from nodus_kit.controlling import Controller, Key, Source
+from nodus_kit.controlling import Controller, Key
+from nodus_kit.informing import Informer
 from nodus_kit.servicing import Service, Settings
 from nodus_kit.storing import ObjectStore
 from nodus_schema.billing import AccountRequest, AccountView, Funding
@@ -82,7 +83,7 @@ class Probe(Service):
     async def start(self) -> None:
         u = self.unique
         self.funding = ObjectStore(self.bus, "funding", Funding)
-        self.controller = Controller(f"probe-{u}", self.reconcile, [Source(self.funding, namespace=u)])
+        self.controller = Controller(f"probe-{u}", self.reconcile, Informer(self.funding, namespace=u))
         self.tasks.append(asyncio.create_task(self.controller.run()))
         self.consumer = await messaging.Consumer(
             self.bus.jetstream(),
@@ -103,6 +104,7 @@ class Probe(Service):
     async def stop(self) -> None:
         self.lease_stop.set()
         await self.controller.stop()
+        await self.controller.for_.stop()
         await self.consumer.stop()
         await self.endpoint.unsubscribe()
         await asyncio.wait_for(asyncio.gather(*self.tasks), 10)

@@ -221,6 +221,37 @@ async def test_request_timeout_maps_to_timeout(nc: NATS, unique: str) -> None:
         await sub.unsubscribe()
 
 
-def test_backoff_is_capped_exponential() -> None:
-    assert [messaging.backoff(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
-    assert messaging.backoff(50) == 30.0
+@pytest.mark.parametrize(
+    ("error", "reason", "code"),
+    [(errors.Conflict("lost a race"), "Conflict", "409"), (errors.NodusError("odd"), "InternalError", "500")],
+)
+async def test_an_error_reply_carries_the_nats_micro_error_headers(
+    nc: NATS, unique: str, error: errors.NodusError, reason: str, code: str
+) -> None:
+    """What any NATS client sees of a failed request: the service API's standard error headers."""
+
+    async def handler(p: Ping) -> Quote:
+        raise error
+
+    sub = await messaging.serve(nc, f"nodus.rpc.{unique}", Ping, handler)
+    try:
+        raw = await nc.request(f"nodus.rpc.{unique}", msgspec.json.encode(Ping("j", 1)), timeout=5)
+    finally:
+        await sub.unsubscribe()
+    assert raw.headers is not None and "Nodus-Error" not in raw.headers
+    assert (raw.headers["Nats-Service-Error"], raw.headers["Nats-Service-Error-Code"]) == (reason, code)
+    assert raw.data == str(error).encode()
+
+
+async def test_an_error_reply_of_the_previous_release_still_raises_its_class(nc: NATS, unique: str) -> None:
+    """A responder not yet upgraded (a rolling upgrade) answers with the old header only."""
+
+    async def old_responder(msg: Any) -> None:
+        await nc.publish(msg.reply, b"no such job", headers={"Nodus-Error": "NotFound"})
+
+    sub = await nc.subscribe(f"nodus.rpc.{unique}", cb=old_responder)
+    try:
+        with pytest.raises(errors.NotFound, match="no such job"):
+            await messaging.request(nc, f"nodus.rpc.{unique}", Ping("j", 1), Quote)
+    finally:
+        await sub.unsubscribe()

@@ -14,13 +14,17 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.cataloging import load_catalog
+from nodus_scheduler.expiring import Expirer
 from nodus_scheduler.lifecycle import Lifecycle
 from nodus_scheduler.ranging import within_ranges
 from nodus_scheduler.ruling import next_check
+from nodus_scheduler.viewing import World
+from nodus_schema.attempts import Attempt
 from nodus_schema.defaulting import default_job
 from nodus_schema.jobs import Distributed, Job, JobSpec, JobStatus, Placement, Recovery, Resources
 from nodus_schema.meta import ObjectMeta, format_time
 from nodus_schema.quantities import MAX_INT32
+from nodus_testing.waiting import eventually
 
 BIG = 2**63
 
@@ -34,34 +38,48 @@ def stored(namespace: str, name: str, **spec: object) -> Job:
 
 
 @pytest_asyncio.fixture
-async def lifecycle(nc: NATS) -> AsyncIterator[Lifecycle]:
-    """The scheduler's lifecycle on the session's bus, its cache following the store (no binder: what is
-    looked at is the reconcile itself)."""
-    lc = Lifecycle(nc, load_catalog(), funding=False)
-    await lc.cache.start()
-    yield lc
-    await lc.cache.stop()
+async def world(nc: NATS) -> AsyncIterator[World]:
+    """The scheduler's informers on the session's bus (no controller, no binder: what is looked at is
+    the reconcile itself)."""
+    w = World(nc, funding=False)
+    await w.start()
+    yield w
+    await w.stop()
+
+
+@pytest_asyncio.fixture
+async def lifecycle(nc: NATS, world: World) -> Lifecycle:
+    return Lifecycle(nc, load_catalog(), world)
+
+
+async def _informed(world: World, job: Job) -> None:
+    await eventually(lambda: world.jobs.get(job.metadata.namespace, job.metadata.name or "") is not None)
 
 
 async def test_a_finished_job_with_a_ttl_of_2_63_is_reconciled_and_kept(
-    nc: NATS, unique: str, lifecycle: Lifecycle
+    nc: NATS, unique: str, world: World
 ) -> None:
     jobs = ObjectStore(nc, "jobs", Job)
     done = format_time(datetime.now(UTC) - timedelta(seconds=5))
     job = stored(unique, "done", ttlSecondsAfterFinished=BIG)
     job = msgspec.structs.replace(job, status=JobStatus(phase="Succeeded", completion_time=done))
-    await jobs.create(job)
-    after = await lifecycle.reconcile((unique, "done"))  # raised OverflowError before
+    await _informed(world, await jobs.create(job))
+    # ttlSecondsAfterFinished is the TTL controller's (nodus_scheduler.expiring)
+    expirer = Expirer(nc, world, jobs, ObjectStore(nc, "attempts", Attempt))
+    after = await expirer.reconcile((unique, "done"))  # raised OverflowError before
     assert after is not None and MAX_INT32 - 60 < after <= MAX_INT32
     assert (await jobs.get(unique, "done")).spec.ttl_seconds_after_finished == BIG  # the spec is untouched
 
 
 async def test_a_waiting_job_with_a_timeout_past_a_timedelta_is_reconciled(
-    nc: NATS, unique: str, lifecycle: Lifecycle
+    nc: NATS, unique: str, world: World, lifecycle: Lifecycle
 ) -> None:
     jobs = ObjectStore(nc, "jobs", Job)
-    await jobs.create(
-        stored(unique, "slow", timeout="99999999999999h", placement={"queueTimeout": "9" * 30 + "h"})
+    await _informed(
+        world,
+        await jobs.create(
+            stored(unique, "slow", timeout="99999999999999h", placement={"queueTimeout": "9" * 30 + "h"})
+        ),
     )
     after = await lifecycle.reconcile((unique, "slow"))  # raised OverflowError before
     assert after is not None and after > 0

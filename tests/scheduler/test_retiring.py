@@ -12,8 +12,8 @@ import msgspec
 import pytest
 
 from nodus_kit.errors import NotFound
+from nodus_kit.informing import Informer
 from nodus_kit.storing import ObjectStore
-from nodus_scheduler.caching import Cache
 from nodus_scheduler.retiring import (
     DELETE_AFTER,
     DELETE_AFTER_ENV,
@@ -23,7 +23,6 @@ from nodus_scheduler.retiring import (
     Retirer,
     check_period,
 )
-from nodus_schema.attempts import Attempt
 from nodus_schema.messages import ObjectEvent, StartAttempt
 from nodus_schema.meta import ObjectMeta, format_time, now_rfc3339
 from nodus_schema.nodes import Node, NodeSpec, NodeStatus
@@ -92,7 +91,7 @@ async def test_a_node_not_ready_past_the_grace_is_neither_counted_nor_placed_on(
         assert {s.node for s in rig.fleet.started} == {"n0"}
         assert {a.spec.node for a in await rig.attempts_of("wait")} == set()
         # Only placement forgets them: the scheduler still knows their records, which stay (for now).
-        assert {"killed", "stopped", "stopping"} <= set(rig.scheduler.lifecycle.cache.nodes)
+        assert {"killed", "stopped", "stopping"} <= {n.metadata.name for n in rig.scheduler.world.nodes}
         assert await exists(rig, "stopped")
 
 
@@ -114,7 +113,7 @@ async def test_a_node_not_ready_past_the_delete_period_is_deleted(make_rig: Call
         (event,) = [e for e in events if e.name == "stopped"]
         assert (event.reason, event.kind, event.uid) == (NODE_DELETED, "Node", stopped.metadata.uid)
         assert "NODUS_NODE_DELETE_AFTER_S=2" in event.message
-        assert "stopped" not in rig.scheduler.lifecycle.cache.nodes
+        assert rig.scheduler.world.node("stopped") is None
         # The fleet's node heartbeats: NotReady never, deleted never.
         assert rig.scheduler.retirer.deleted == 1 and await exists(rig, "n0")
 
@@ -124,22 +123,24 @@ async def test_the_retirer_deletes_by_compare_and_set_on_the_revision_it_judged(
 ) -> None:
     async with make_rig(nodes=0, scheduler=False) as rig:
         store: ObjectStore[Node] = rig.fleet.store
-        cache = Cache(store, ObjectStore(rig.nc, "attempts", Attempt))
+        cache = Informer(store)
         await cache.start()
         try:
             retirer = Retirer(rig.nc, store, cache, delete_after=timedelta(minutes=10))
             await left_behind(rig, "back", beat_age_s=3600)
             await left_behind(rig, "left", beat_age_s=3600)
             await left_behind(rig, "recent", beat_age_s=60)
-            await eventually(lambda: {"back", "left", "recent"} <= set(cache.nodes), message="not cached")
-            judged = cache.nodes["back"]
+            await eventually(
+                lambda: {"back", "left", "recent"} <= {n.metadata.name for n in cache}, message="not cached"
+            )
+            judged = cache.get(None, "back")
             # Its agent restarts between the judgement and the delete: a heartbeat, a new revision.
             await store.mutate(None, "back", beat)
             assert not await retirer.retire(judged)
             assert (await store.get(None, "back")).status.phase == "Ready"
             # The next look judges the heartbeat: only the node still silent goes, once.
-            await eventually(lambda: cache.nodes["back"].status.phase == "Ready", message="no beat seen")
-            left = cache.nodes["left"]
+            await eventually(lambda: cache.get(None, "back").status.phase == "Ready", message="no beat seen")
+            left = cache.get(None, "left")
             assert await retirer.sweep() == ["left"]
             assert await retirer.sweep() == []
             assert not await retirer.retire(left)  # deleted already (a look before a crash): no error

@@ -10,7 +10,7 @@ CellNameTaken, a Warning event), the other cells go on, and once the name is fre
 
 The service tests run the real controller on the session's nats-server with the resync made too slow to
 matter, so what they see follows from events; the test writes the cells' status as the scheduler and
-billing would. The rest is the index and the phase rule, pure.
+billing would. The rest is the cell rules over the jobs informer's indexes and the phase rule, pure.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NATS
 
+from nodus_kit.informing import Informer
+from nodus_kit.keying import Event
 from nodus_kit.servicing import Settings
 from nodus_kit.storing import ObjectStore
 from nodus_schema.costs import Cost
@@ -33,8 +35,8 @@ from nodus_schema.messages import ObjectEvent
 from nodus_schema.meta import ObjectMeta, OwnerReference, find_condition
 from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep, SweepCell, SweepSpec
 from nodus_schema.wire import API_VERSION
-from nodus_sweeps.caching import CellIndex, slot_of
-from nodus_sweeps.reconciling import _phase
+from nodus_sweeps.cells import CELLS, SLOTS, by_cell, by_slot, dependents, owned, slot_of, taken
+from nodus_sweeps.reconciling import SweepReconciler, _phase
 from nodus_sweeps.service import SweepsService
 from nodus_testing.waiting import eventually
 
@@ -365,6 +367,32 @@ async def _controlled_name(rig: Rig, name: str, sweep: Sweep) -> bool:
     return controlled(await rig.job_or_none(name), sweep)
 
 
+# -- a Sweep deleted while no controller ran --------------------------------------------------------------
+
+
+async def test_the_cells_of_a_sweep_deleted_while_no_controller_ran_are_collected_when_one_starts(
+    nc: NATS, nats_url: str, unique: str
+) -> None:
+    """Nothing will ever change these Jobs again (their runs ended), so no event brings their Sweep: the
+    controller finds them when it starts leading (resync is 600 s). With no delete seen, every Job named
+    as a cell whose controller is a Sweep of that name goes, whatever the uid; nothing else does."""
+    rig = Rig(nc, unique)
+    labels = {SWEEP_LABEL: "gone", CELL_LABEL: "0"}
+    await rig.create_job("gone-0", labels, [ref("gone", "uid-of-the-deleted-sweep")])
+    await rig.create_job("gone-1", labels, [ref("gone", "uid-of-the-deleted-sweep", controller=None)])
+    await rig.create_job("gone-2", labels)
+    async with controller(nats_url, nc):
+        await eventually(
+            lambda: _absent(rig, "gone-0"), deadline_s=20, message="the deleted Sweep's cell is collected"
+        )
+        for name in ("gone-1", "gone-2"):
+            assert await rig.job_or_none(name) is not None, f"{name} has no Sweep as its controller"
+
+
+async def _absent(rig: Rig, name: str) -> bool:
+    return await rig.job_or_none(name) is None
+
+
 # -- the index and the phase rule, pure -------------------------------------------------------------------
 
 
@@ -389,31 +417,53 @@ def test_a_cells_name_is_the_sweep_name_and_a_plain_decimal_index() -> None:
         assert slot_of(name) is None, name
 
 
+def _views() -> tuple[Informer[Sweep], Informer[Job], SweepReconciler]:
+    """The service's informers, never connected (only their views are used), and the reconciler's mapper
+    over them."""
+    sweeps = Informer(ObjectStore(NATS(), "sweeps", Sweep), name="sweeps")
+    jobs = Informer(ObjectStore(NATS(), "jobs", Job), indexers={SLOTS: by_slot, CELLS: by_cell}, name="jobs")
+    return sweeps, jobs, SweepReconciler(NATS(), sweeps, jobs)
+
+
 def test_the_index_counts_only_jobs_whose_controller_reference_carries_the_uid() -> None:
-    index = CellIndex(ObjectStore(NATS(), "jobs", Job))  # never connected: only the view is used
+    sweeps, jobs, rec = _views()
     woken: list[tuple[str, str]] = []
-    index.hook = woken.append
-    index.interest = lambda key: False
+    jobs.add_handler(lambda e: woken.extend(rec.wakes(e)))  # as the controller's watches() calls it
     labels = {SWEEP_LABEL: "s", CELL_LABEL: "0"}
-    index.apply(_job("s-0", 1, [ref("s", "U")], labels))  # the cell
-    index.apply(_job("s-1", 2, [ref("s", "U", controller=None)], labels))  # a plain reference
-    index.apply(_job("s-2", 3, [ref("s", "OLD")], labels))  # an earlier Sweep's
-    index.apply(_job("s-3", 4, [ref("s", "U", kind="Workflow")]))  # another kind's, same uid
-    index.apply(_job("s-4", 5, [ref("t", "U")]))  # a Sweep of another name, same uid
-    index.apply(_job("rogue", 6, [ref("s", "U")], labels))  # no cell's name: never held
-    index.apply(_job("s-5", 7))  # nothing at all: held (the name is taken), wakes nobody
+    jobs.apply(_job("s-0", 1, [ref("s", "U")], labels))  # the cell
+    jobs.apply(_job("s-1", 2, [ref("s", "U", controller=None)], labels))  # a plain reference
+    jobs.apply(_job("s-2", 3, [ref("s", "OLD")], labels))  # an earlier Sweep's
+    jobs.apply(_job("s-3", 4, [ref("s", "U", kind="Workflow")]))  # another kind's, same uid
+    jobs.apply(_job("s-4", 5, [ref("t", "U")]))  # a Sweep of another name, same uid
+    jobs.apply(_job("rogue", 6, [ref("s", "U")], labels))  # no cell's name: never in the slot
+    jobs.apply(_job("s-5", 7))  # nothing at all: in the slot (the name is taken), wakes nobody
     key = ("ns", "s")
-    assert set(index.owned(key, "U")) == {0}
-    assert set(index.taken(key, "U")) == {1, 2, 3, 4, 5}
-    assert set(index.owned(key, "OLD")) == {2}, "the uid decides, never the labels"
-    assert index.owned(key, None) == {}
-    assert sorted(j.metadata.name or "" for j in index.dependents(key)) == ["s-0", "s-2"]
+    assert set(owned(jobs, key, "U")) == {"s-0"}
+    assert set(taken(jobs, key, "U")) == {"s-1", "s-2", "s-3", "s-4", "s-5"}
+    assert set(owned(jobs, key, "OLD")) == {"s-2"}, "the uid decides, never the labels"
+    assert owned(jobs, key, None) == {}
+    assert sorted(j.metadata.name or "" for j in dependents(jobs, key)) == ["s-0", "s-2"]
     assert woken == [key] * 4, "a Job that claims a Sweep (label, reference) wakes it; s-3, s-5 do not"
-    index.interest = lambda key: True
-    index.apply(_job("s-5", 8), deleted=True)
-    assert woken[-1] == key and 5 not in index.taken(key, "U"), "a freed name wakes a Sweep of interest"
-    index.apply(_job("s-0", 0, [ref("s", "OTHER")]))  # an older revision never wins
-    assert set(index.owned(key, "U")) == {0}
+    sweeps.apply(_sweep())  # now a Sweep the controller knows
+    jobs.apply(_job("s-5", 8), deleted=True)
+    assert woken[-1] == key and "s-5" not in taken(jobs, key, "U"), "a freed name wakes a known Sweep"
+    jobs.apply(_job("s-0", 0, [ref("s", "OTHER")]))  # an older revision never wins
+    assert set(owned(jobs, key, "U")) == {"s-0"} and owned(jobs, key, "OTHER") == {}
+
+
+def test_a_job_whose_controller_changes_moves_between_the_sweeps_it_counts_for() -> None:
+    """The indexes follow a change of the controller reference (a cell orphaned, a name reused)."""
+    _, jobs, rec = _views()
+    key = ("ns", "s")
+    jobs.apply(_job("s-0", 1, [ref("s", "U")]))
+    jobs.apply(_job("s-0", 2))  # orphaned (propagationPolicy=Orphan removes the reference)
+    assert owned(jobs, key, "U") == {} and set(taken(jobs, key, "U")) == {"s-0"}
+    assert dependents(jobs, key) == [], "an orphan is never collected"
+    jobs.apply(_job("s-0", 3, [ref("s", "V")]))
+    assert set(owned(jobs, key, "V")) == {"s-0"} and set(taken(jobs, key, "U")) == {"s-0"}
+    jobs.apply(_job("s-0", 4, [ref("s", "V")]), deleted=True)
+    assert jobs.by_index(SLOTS, "ns/s") == [] and jobs.index_values(CELLS) == []
+    assert rec.wakes(Event("ADDED", _job("x-1", 5), 5)) == [], "no claim, and a Sweep nobody knows"
 
 
 def _rows(*phases: str) -> list[SweepCell]:

@@ -9,6 +9,8 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 
+from nodus_kit import credentials
+
 log = logging.getLogger(__name__)
 
 
@@ -27,10 +29,8 @@ async def connect(
     ``inbox_prefix``: replies come to ``<prefix>.>``. Both None: no credential, nats-py's ``_INBOX``."""
     options: dict[str, Any] = {}
     if nkey_seed is not None:
-        from nodus_kit import permitting
-
         # Read here as well as by nats-py: a missing or broken seed fails the start with its path.
-        inbox_prefix = inbox_prefix or permitting.inbox_of_seed(nkey_seed)
+        inbox_prefix = inbox_prefix or credentials.inbox_of_seed(nkey_seed)
         options["nkeys_seed"] = str(nkey_seed)
     if inbox_prefix is not None:
         options["inbox_prefix"] = inbox_prefix

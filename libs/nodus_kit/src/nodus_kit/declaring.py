@@ -19,8 +19,13 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, BadRequestError, NotFoundError, ServiceUnavailableError
 
+from nodus_kit.backingoff import Backoff
+
 # What a cluster electing leaders answers: nothing in time, no responders, or a 503/500 API error.
 TEMPORARY = (nats.errors.TimeoutError, nats.errors.NoRespondersError, ServiceUnavailableError, APIError)
+
+# Every replica of every service declares at start: after a cluster restart they all ask at once.
+RETRY_BACKOFF = Backoff(base=0.1, cap=2.0)
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +190,7 @@ async def ensure(
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
     for cfg in [b.config(replicas) for b in buckets] + [s.config(replicas) for s in streams]:
-        pause = 0.1
+        pauses = RETRY_BACKOFF.pauses()
         while True:
             try:
                 await _ensure_stream(js, cfg, lower=lower)
@@ -193,11 +198,11 @@ async def ensure(
             except TEMPORARY as e:
                 if isinstance(e, APIError) and e.code not in (None, 408, 500, 503) and not _unplaced(e):
                     raise
+                pause = next(pauses)
                 if loop.time() + pause >= end:
                     raise
                 log.warning("declaring %s: %r; trying again", cfg.name, e)
                 await asyncio.sleep(pause)  # a pause between tries, not a synchronisation
-                pause = min(pause * 2, 2.0)
 
 
 def _unplaced(e: APIError) -> bool:

@@ -147,7 +147,7 @@ HANDLER_SECONDS: Final = Histogram(
 )
 RPC_REQUESTS: Final = Counter(
     "nodus_rpc_requests",
-    "Requests a served endpoint answered, by outcome: ok, or the Nodus-Error reason it answered with",
+    "Requests a served endpoint answered, by outcome: ok, or the reason it answered (Nats-Service-Error)",
     ["endpoint", "outcome"],
     registry=REGISTRY,
 )

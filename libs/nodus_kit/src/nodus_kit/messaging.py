@@ -2,12 +2,13 @@
 
 * every JetStream publish carries ``Nats-Msg-Id`` (the server drops a duplicate inside the stream's
   window), the trace context and the request id;
-* a consumer is a durable pull consumer; the handler's outcome maps to the JetStream reply:
-  return -> ack; :class:`TemporaryError` -> nak(delay); :class:`PermanentError` or a message that does
-  not decode -> term, and a copy goes to ``nodus.dead.<stream>.<consumer>`` with the reason in headers;
-  any other exception -> nak with capped exponential backoff, dead-lettered after ``max_deliver``;
+* a consumer is a durable pull consumer; the handler's outcome maps to the JetStream reply as
+  :mod:`nodus_kit.settling` says: return -> ack; :class:`TemporaryError` -> nak(delay);
+  :class:`PermanentError` or a message that does not decode -> term, and a copy goes to
+  ``nodus.dead.<stream>.<consumer>`` with the reason in headers; any other exception -> nak with capped
+  exponential backoff and jitter, dead-lettered after ``max_deliver``;
 * request/reply maps "no responders" to :class:`Unavailable` and a timeout to :class:`Timeout`; a
-  responder's error comes back as the same error class.
+  responder's error comes back, in NATS micro services' error headers, as the same error class.
 """
 
 from __future__ import annotations
@@ -28,16 +29,26 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, PubAck
 from nats.js.errors import NotFoundError
 
-from nodus_kit import errors, measuring, tracing
+from nodus_kit import errors, measuring, settling, tracing
+from nodus_kit.backingoff import Backoff
+from nodus_kit.settling import Verdict
+from nodus_schema.errors import REASONS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
 MSG_ID = "Nats-Msg-Id"
-ERROR_HEADER = "Nodus-Error"
+# A failed request's reply, in the headers NATS micro services answer errors with (nats.micro.request):
+# the error's reason (NotFound, Conflict, ...) and the HTTP status the API gives that reason.
+ERROR_HEADER = "Nats-Service-Error"
+ERROR_CODE_HEADER = "Nats-Service-Error-Code"
+LEGACY_ERROR_HEADER = "Nodus-Error"
+"""The reason header before NATS micro's; still read, for responders of the previous release during a
+rolling upgrade. Never sent."""
 DEAD_REASON = "Nodus-Dead-Reason"
 DEAD_SUBJECT = "Nodus-Dead-Subject"
+DEAD_PREFIX = "nodus.dead"
 _encoder = msgspec.json.Encoder()
 
 
@@ -68,9 +79,15 @@ async def publish(
     return await js.publish(subject, _encoder.encode(message), headers=hdrs)
 
 
-def backoff(attempt: int, base: float = 0.5, cap: float = 30.0) -> float:
-    """Capped exponential backoff for the n-th failed delivery (n >= 1)."""
-    return float(min(cap, base * (2 ** max(0, attempt - 1))))
+async def dead_letter(js: JetStreamContext, msg: Msg, *, stream: str, consumer: str, reason: str) -> None:
+    """Give up on ``msg``: a copy with ``reason`` goes to ``nodus.dead.<stream>.<consumer>``, then it is
+    termed (JetStream delivers it no more)."""
+    headers = {**(msg.headers or {}), DEAD_REASON: reason[:1000], DEAD_SUBJECT: msg.subject}
+    # Deterministic id: if we die between this publish and the term, the redelivery's dead letter is
+    # dropped by the stream's duplicate window instead of being recorded twice.
+    headers[MSG_ID] = f"dead:{stream}:{msg.metadata.sequence.stream}"
+    await js.publish(f"{DEAD_PREFIX}.{stream}.{consumer}", msg.data, headers=headers)
+    await msg.term()
 
 
 Handler = Callable[[Delivery[T]], Awaitable[None]]
@@ -92,12 +109,14 @@ class Consumer(Generic[T]):
         batch: int = 32,
         ack_wait_s: float = 30.0,
         concurrent: bool = False,
+        backoff: Backoff = settling.REDELIVERY,
     ) -> None:
         """``concurrent``: handle the messages of a batch side by side rather than one after another, for
         handlers whose messages do not depend on each other's order (each is idempotent and its writes
-        compare-and-set, as the scheduler's report handler is)."""
+        compare-and-set, as the scheduler's report handler is). ``backoff``: the nak delay of a failed
+        delivery, by its number."""
         self.js, self.stream, self.durable, self.subject = js, stream, durable, subject
-        self.concurrent = concurrent
+        self.concurrent, self.backoff = concurrent, backoff
         self.decoder = msgspec.json.Decoder(typ)
         self.handler = measuring.timed_handler(stream, durable, handler)
         self.max_deliver, self.batch, self.ack_wait_s = max_deliver, batch, ack_wait_s
@@ -139,50 +158,37 @@ class Consumer(Generic[T]):
                     await self._handle(msg)
 
     async def _handle(self, msg: Msg) -> None:
-        attempt = int(msg.metadata.num_delivered)
         headers = dict(msg.headers or {})
         try:
             data = self.decoder.decode(msg.data)
         except msgspec.DecodeError as e:
-            await self._dead(msg, f"undecodable: {e}")
+            await self._settle(msg, settling.dead(f"undecodable: {e}"))
             return
         token = tracing.set_request_id(headers.get(tracing.REQUEST_ID))
-        ctx = tracing.extract(headers)
         try:
-            with tracing.tracer.start_as_current_span(f"consume {msg.subject}", context=ctx):
-                await self.handler(Delivery(data, msg.subject, headers, attempt))
-        except errors.TemporaryError as e:
-            await self._retry(msg, attempt, e.delay, str(e))
-        except errors.NodusError as e:
-            # The kit's errors say themselves whether a retry can help (NotFound, Invalid cannot).
-            if e.retryable:
-                await self._retry(msg, attempt, backoff(attempt), f"{e.reason}: {e}")
-            else:
-                await self._dead(msg, str(e) or type(e).__name__)
-        except Exception as e:
-            log.exception("handler failed", extra={"consumer": self.durable, "subject": msg.subject})
-            await self._retry(msg, attempt, backoff(attempt), f"{type(e).__name__}: {e}")
-        else:
-            await msg.ack()
-            measuring.consumed(self.stream, self.durable, "ack")
+            delivery = Delivery(data, msg.subject, headers, int(msg.metadata.num_delivered))
+            await self._settle(msg, await self._verdict(delivery))
         finally:
             tracing._request_id.reset(token)
 
-    async def _retry(self, msg: Msg, attempt: int, delay: float, reason: str) -> None:
-        if attempt >= self.max_deliver:
-            await self._dead(msg, f"gave up after {attempt} deliveries: {reason}")
-        else:
-            await msg.nak(delay=delay)
-            measuring.consumed(self.stream, self.durable, "retry")
+    async def _verdict(self, delivery: Delivery[T]) -> Verdict:
+        """The handler's outcome on ``delivery``, as :mod:`nodus_kit.settling` maps it."""
+        ctx = tracing.extract(delivery.headers)
+        try:
+            with tracing.tracer.start_as_current_span(f"consume {delivery.subject}", context=ctx):
+                await self.handler(delivery)
+        except Exception as e:
+            if not isinstance(e, errors.NodusError):  # a bug, not a refusal: its traceback is wanted
+                log.exception("handler failed", extra={"consumer": self.durable, "subject": delivery.subject})
+            return settling.of_error(e, delivery.attempt, max_attempts=self.max_deliver, backoff=self.backoff)
+        return settling.ACK
+
+    async def _settle(self, msg: Msg, verdict: Verdict) -> None:
+        await settling.settle(msg, verdict, self._dead)
+        measuring.consumed(self.stream, self.durable, verdict.action.value)
 
     async def _dead(self, msg: Msg, reason: str) -> None:
-        headers = {**(msg.headers or {}), DEAD_REASON: reason[:1000], DEAD_SUBJECT: msg.subject}
-        # Deterministic id: if we die between this publish and the term, the redelivery's dead letter is
-        # dropped by the stream's duplicate window instead of being recorded twice.
-        headers[MSG_ID] = f"dead:{self.stream}:{msg.metadata.sequence.stream}"
-        await self.js.publish(f"nodus.dead.{self.stream}.{self.durable}", msg.data, headers=headers)
-        await msg.term()
-        measuring.consumed(self.stream, self.durable, "dead")
+        await dead_letter(self.js, msg, stream=self.stream, consumer=self.durable, reason=reason)
         log.error("dead-lettered: %s", reason, extra={"consumer": self.durable, "subject": msg.subject})
 
     async def stop(self, grace_s: float = 3.0) -> None:
@@ -209,14 +215,29 @@ async def request(nc: NATS, subject: str, message: Any, reply_type: type[R], *, 
         raise errors.Unavailable(f"nobody serves {subject}: is the service running?") from None
     except (TimeoutError, NatsTimeout):
         raise errors.Timeout(f"{subject} did not answer within {timeout}s") from None
-    if msg.headers and ERROR_HEADER in msg.headers:
-        raise _error(msg.headers[ERROR_HEADER], msg.data.decode(errors="replace"))
+    reason = _error_reason(msg)
+    if reason is not None:
+        raise _error(reason, msg.data.decode(errors="replace"))
     try:
         return msgspec.json.decode(msg.data, type=reply_type)
     except msgspec.DecodeError as e:
         # The responder's fault (another version, a bug), not the caller's: an internal error it can
         # report, never a crash of the caller's handler.
         raise errors.NodusError(f"{subject} answered what is not a {reply_type.__name__}: {e}") from None
+
+
+def _error_reason(msg: Msg) -> str | None:
+    """The reason of an error reply; None for an answer."""
+    if not msg.headers:
+        return None
+    return msg.headers.get(ERROR_HEADER) or msg.headers.get(LEGACY_ERROR_HEADER)
+
+
+def _error_headers(reason: str) -> dict[str, str]:
+    """The headers of an error reply: its reason, and the HTTP status of that reason (500 for a reason
+    the API does not register), as NATS micro's numeric error code."""
+    known = REASONS.get(reason)
+    return {ERROR_HEADER: reason, ERROR_CODE_HEADER: str(known.http_status if known else 500)}
 
 
 # Reasons a caller may retry; any other reason a responder sends back is final for that request.
@@ -250,7 +271,9 @@ async def serve(
     queue: str = "",
     concurrency: int = 1,
 ) -> Any:
-    """Declare an endpoint: decode, call, encode; errors go back as ``Nodus-Error`` replies.
+    """Declare an endpoint: decode, call, encode; errors go back as replies with NATS micro's error
+    headers (``Nats-Service-Error``: the reason, ``Nats-Service-Error-Code``: its HTTP status) and the
+    message as the body.
 
     nats-py calls a subscription's callback one message at a time; with ``concurrency`` above 1 each
     request runs in its own task, at most that many at once, so handlers that wait on shared work (a
@@ -301,7 +324,7 @@ async def serve_subject(
             elif not failed:
                 await msg.respond(body)
             elif msg.reply:
-                await nc.publish(msg.reply, body, headers={ERROR_HEADER: outcome})
+                await nc.publish(msg.reply, body, headers=_error_headers(outcome))
             measuring.served(subject, outcome)
         finally:
             tracing._request_id.reset(token)

@@ -34,12 +34,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from nodus_kit import declaring
+from nodus_kit import credentials, declaring
+from nodus_kit.connecting import connect
 from nodus_schema.billing import ACCOUNT_SUBJECT, FUNDING_BUCKET, GRANT_SUBJECT, HOLD_SUBJECT, USAGE_SUBJECT
 from nodus_schema.estimating import ESTIMATE_SUBJECT, QUOTE_SUBJECT
 from nodus_schema.noding import retention_subject, secrets_subject
@@ -48,10 +49,8 @@ log = logging.getLogger(__name__)
 
 ACCOUNT: Final = "NODUS"
 API: Final = "$JS.API"
-INBOX_PREFIX: Final = "_INBOX_"
 RESPONSE_EXPIRES: Final = "1m"
 """How long a server may take to answer a request it received (the callers give up after 5 to 30 s)."""
-SEED_SUFFIX: Final = ".nk"
 ACCOUNTS_FILE: Final = "accounts.conf"
 NODE_NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A node agent's name: one subject token (the agent's own rule, nodus_agent.configuring)."""
@@ -268,14 +267,9 @@ class Permissions:
     allow_responses: bool
 
 
-def inbox_prefix(public_key: str) -> str:
-    """The inbox prefix of the credential with this public key: its replies, and only its."""
-    return INBOX_PREFIX + public_key
-
-
 def permissions(access: Access, public_key: str) -> Permissions:
     pub: list[str] = []
-    sub: list[str] = [f"{inbox_prefix(public_key)}.>"]
+    sub: list[str] = [f"{credentials.inbox_prefix(public_key)}.>"]
     for b in access.writes:
         pub += [f"$KV.{_bucket(b)}.>", *_kv_read(b, ">")]
     for b in access.gets:
@@ -441,46 +435,6 @@ def _allow_block(verb: str, subjects: Sequence[str]) -> list[str]:
 
 
 # -- seeds ------------------------------------------------------------------------------------------
-def _nkeys() -> Any:
-    import nkeys  # type: ignore[import-untyped]  # nats-py's own dependency for nkey auth; no stubs
-
-    return nkeys
-
-
-def new_seed() -> bytes:
-    nkeys = _nkeys()
-    return bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
-
-
-def public_key(seed: bytes) -> str:
-    """The public key (``U...``) of a user seed (``SU...``); ValueError for anything else."""
-    nkeys = _nkeys()
-    try:
-        kp = nkeys.from_seed(bytearray(seed.strip()))
-    except Exception as e:
-        raise ValueError(f"not an nkey seed: {type(e).__name__}") from None
-    try:
-        key = kp.public_key.decode()
-    finally:
-        kp.wipe()
-    if not key.startswith("U"):
-        raise ValueError("not a user nkey seed (a user seed starts with SU)")
-    return str(key)
-
-
-def seed_public_key(path: str | Path) -> str:
-    """The public key of the seed in the file ``path`` (what a process proves it holds)."""
-    try:
-        return public_key(Path(path).read_bytes())
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
-
-
-def inbox_of_seed(path: str | Path) -> str:
-    """The inbox prefix a process with the seed file ``path`` must use (its permissions allow no other)."""
-    return inbox_prefix(seed_public_key(path))
-
-
 @dataclass(frozen=True)
 class Generated:
     """What :func:`generate` wrote: ``DIR/<user>.nk`` per user and ``DIR/accounts.conf``."""
@@ -497,24 +451,24 @@ class Generated:
     def seed(self, user: str) -> Path:
         if user not in self.public_keys:
             raise KeyError(f"no credential {user!r} was generated in {self.directory}")
-        return self.directory / f"{user}{SEED_SUFFIX}"
+        return self.directory / f"{user}{credentials.SEED_SUFFIX}"
 
 
 def generate(directory: str | Path, nodes: Iterable[str] = ()) -> Generated:
     """Seeds for every user (kept if there already, created otherwise) and the accounts file."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    keys = {user: _ensure_seed(out / f"{user}{SEED_SUFFIX}") for user in users(nodes)}
+    keys = {user: _ensure_seed(out / f"{user}{credentials.SEED_SUFFIX}") for user in users(nodes)}
     _write_atomically(out / ACCOUNTS_FILE, render_accounts(list(keys.items())), mode=0o644)
-    stale = tuple(sorted(p.stem for p in out.glob(f"*{SEED_SUFFIX}") if p.stem not in keys))
+    stale = tuple(sorted(p.stem for p in out.glob(f"*{credentials.SEED_SUFFIX}") if p.stem not in keys))
     return Generated(out, keys, stale)
 
 
 def _ensure_seed(path: Path) -> str:
     if path.exists():
         os.chmod(path, 0o600)  # a seed readable by others is a leaked seed
-        return seed_public_key(path)
-    seed = new_seed()
+        return credentials.seed_public_key(path)
+    seed = credentials.new_seed()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.fchmod(fd, 0o600)  # whatever the umask
@@ -522,7 +476,7 @@ def _ensure_seed(path: Path) -> str:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return public_key(seed)
+    return credentials.public_key(seed)
 
 
 def _write_atomically(path: Path, text: str, *, mode: int) -> None:
@@ -540,8 +494,6 @@ def _write_atomically(path: Path, text: str, *, mode: int) -> None:
 # -- start-up: the bootstrap declares, services check -----------------------------------------------
 async def declare(url: str, seed: str | Path, *, replicas: int | None = None) -> None:
     """Create or update every declared stream and bucket with the ``admin`` credential."""
-    from nodus_kit.connecting import connect
-
     nc = await connect(url, "nodus-declare", nkey_seed=seed)
     try:
         # Unset, as the services without a credential: 3 on a cluster of three or more, never lower.
@@ -636,9 +588,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{done.seed(user)}  {key}")
         print(f"{done.accounts}  (include it in the nats-server config, then reload the servers)")
         for user in done.stale:
-            print(
-                f"revoked: {user} is in no accounts.conf any more; delete {args.out / (user + SEED_SUFFIX)}"
-            )
+            stale_seed = args.out / f"{user}{credentials.SEED_SUFFIX}"
+            print(f"revoked: {user} is in no accounts.conf any more; delete {stale_seed}")
         return 0
     if args.command == "declare":
         asyncio.run(declare(args.url, args.seed, replicas=args.replicas))

@@ -3,7 +3,8 @@
 * adding a key already waiting is a no-op (dedup);
 * adding a key while a worker processes it marks it dirty: it is queued again when that worker is done,
   so no change is lost and no key is processed twice at once;
-* ``add_rate_limited`` re-adds after a per-key exponential backoff; ``forget`` resets it.
+* ``add_rate_limited`` re-adds after a per-key exponential backoff with jitter (client-go's has none: a
+  burst of keys that failed together would all come back together); ``forget`` resets it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import asyncio
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
+
+from nodus_kit.backingoff import Backoff
 
 K = TypeVar("K", bound=Hashable)
 
@@ -77,12 +80,19 @@ class WorkQueue(Generic[K]):
         self._timers.pop(key, None)
         self.add(key)
 
-    def add_rate_limited(self, key: K) -> float:
-        n = self._failures.get(key, 0)
-        self._failures[key] = n + 1
-        delay = float(min(self.max_delay, self.base_delay * (2**n)))
-        self.add_after(key, delay)
-        return delay
+    @property
+    def backoff(self) -> Backoff:
+        # Made from the attributes at each use: a controller (and its tests) may change them on a live queue.
+        return Backoff(self.base_delay, self.max_delay)
+
+    def add_rate_limited(self, key: K, delay: float | None = None) -> float:
+        """Count a failure of ``key`` and add it again after ``delay``, or after the backoff of its
+        failures so far when None; the wait."""
+        n = self._failures.get(key, 0) + 1
+        self._failures[key] = n
+        wait = self.backoff.delay(n) if delay is None else delay
+        self.add_after(key, wait)
+        return wait
 
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)

@@ -3,92 +3,82 @@
 ``Client.request`` (nats-py 2.x, new-style inbox) pays, per call, for a random suffix from ``os.urandom``,
 three copies of the inbox as bytearrays, a done-callback closure and ``asyncio.wait_for`` (on Python 3.11
 a second future, a partial and two callback registrations); and each reply reaches its waiter through the
-response subscription's queue and the task that drains it: two more turns of the event loop. The
-gateway's create does one JetStream publish per request, so all of that is part of every create's cost
-(bench/gateway_bench.py).
+response subscription's queue and the task that drains it: one more turn of the event loop, which under
+load (a gateway with 50 clients) is a whole cycle of every ready handler. The gateway's create does one
+JetStream publish per request, so all of that is part of every create's cost (bench/gateway_bench.py).
 
-Here each connection gets one wildcard inbox subscription of its own whose pending queue is a
-:class:`_Mux`: nats-py hands every reply to the queue's ``put_nowait``, which resolves the waiting
-request's future in place. Tokens are a per-process counter in hex. What this relies on of nats-py
-(pinned in the lock): a subscription without a callback keeps its messages in ``_pending_queue``, calls
-nothing on it but ``put_nowait``/``qsize``/``empty``/``join``/``task_done`` and keeps ``_pending_size``
-(checked at import: on a nats-py without them every call is ``Client.request``). The subscription is
-made again, as nats-py makes every subscription again, when the connection reconnects.
+Here each connection gets one wildcard inbox subscription of its own, made with nats-py's public
+``subscribe(subject, future=...)``: nats-py hands each message of such a subscription to that future's
+``set_result``, in its read loop (how its old-style requests get their answer). The future given is an
+:class:`_Inbox`, never done, whose ``set_result`` resolves the waiting request's own future instead.
+Tokens are a per-process counter in hex; the timeout is one timer handle. nats-py makes the
+subscription again, as it makes every subscription again, when the connection reconnects.
+
+Only public names of nats-py are used (tests/kit/test_no_private_names.py). What this relies on of it
+(pinned in the lock; tests/kit/test_replying.py fails if it changes): a subscription made with
+``future=`` and no ``max_msgs`` stays, and each of its messages goes to ``future.set_result`` unless
+``future.cancelled()``. An earlier version swapped the subscription's private pending queue for the
+same effect. A callback subscription (``cb=``, as nats-py's own request makes) would rely on nothing, but
+adds back the turn of the event loop per reply that this saves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Final
+import weakref
+from typing import Final
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import ConnectionDrainingError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 _STATUS: Final = "Status"
 _NO_RESPONDERS: Final = "503"
-_LEAN: Final = hasattr(Subscription, "pending_msgs") and hasattr(NATS, "_process_msg")
 _tokens = itertools.count(1)
 
 
-class _Mux:
-    """The pending queue of one inbox subscription: each reply resolves its request's future at once."""
+class _Inbox(asyncio.Future[Msg]):
+    """The reply subscription of one connection, ``<inbox>.<token>``, given to nats-py as the future it
+    resolves with each reply: never done itself, it resolves the future of the request the token names."""
 
-    def __init__(self, nc: NATS, prefix: str) -> None:
-        self.nc, self.prefix, self.cut = nc, prefix, len(prefix)
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix, self.cut = prefix, len(prefix)
         self.waiters: dict[str, asyncio.Future[Msg]] = {}
-        self.sub: Any = None
 
-    # -- the asyncio.Queue surface nats-py uses --------------------------------------------------
-    def put_nowait(self, msg: Msg) -> None:
-        self.sub._pending_size -= len(msg.data)  # delivered at once: nothing stays pending
-        future = self.waiters.pop(msg.subject[self.cut :], None)
-        if future is not None and not future.done():
-            future.set_result(msg)
-
-    def qsize(self) -> int:
-        return 0
-
-    def empty(self) -> bool:
-        return True
-
-    def task_done(self) -> None:
-        return None
-
-    async def join(self) -> None:
-        return None
+    def set_result(self, result: Msg) -> None:
+        future = self.waiters.pop(result.subject[self.cut :], None)
+        if future is not None and not future.done():  # a late reply (timed out) is dropped
+            future.set_result(result)
 
 
-_muxes: dict[int, _Mux] = {}  # id(connection) -> its mux
-_making: dict[int, asyncio.Future[_Mux]] = {}
+_inboxes: weakref.WeakKeyDictionary[NATS, _Inbox] = weakref.WeakKeyDictionary()
+_making: weakref.WeakKeyDictionary[NATS, asyncio.Future[_Inbox]] = weakref.WeakKeyDictionary()
 
 
-async def _mux_for(nc: NATS) -> _Mux:
-    mux = _muxes.get(id(nc))
-    if mux is not None and mux.nc is nc:
-        return mux
-    making = _making.get(id(nc))
-    if making is not None:
+async def _inbox_for(nc: NATS) -> _Inbox:
+    inbox = _inboxes.get(nc)
+    if inbox is not None:
+        return inbox
+    making = _making.get(nc)
+    if making is not None:  # the first requests of a connection arrive together: one subscription
         return await asyncio.shield(making)
-    made: asyncio.Future[_Mux] = asyncio.get_running_loop().create_future()
-    _making[id(nc)] = made
+    made: asyncio.Future[_Inbox] = asyncio.get_running_loop().create_future()
+    _making[nc] = made
     try:
-        mux = _Mux(nc, nc.new_inbox() + ".")
-        sub = await nc.subscribe(mux.prefix + "*")
-        sub._pending_queue = mux  # type: ignore[assignment]
-        mux.sub = sub
-        _muxes[id(nc)] = mux
-        made.set_result(mux)
-        return mux
+        inbox = _Inbox(nc.new_inbox() + ".")
+        await nc.subscribe(inbox.prefix + "*", future=inbox)
+        _inboxes[nc] = inbox
+        made.set_result(inbox)
+        return inbox
     except BaseException as e:
         made.set_exception(e)
         made.exception()  # retrieved: a failed first request is not an "exception never retrieved"
         raise
     finally:
-        _making.pop(id(nc), None)
+        _making.pop(nc, None)
 
 
 def _expire(future: asyncio.Future[Msg]) -> None:
@@ -101,24 +91,22 @@ async def request(
 ) -> Msg:
     """``nc.request(subject, payload, timeout=timeout, headers=headers)``, with the same errors
     (nats.errors.TimeoutError, NoRespondersError, ConnectionDrainingError)."""
-    if not _LEAN:
-        return await nc.request(subject, payload, timeout=timeout, headers=headers)
     if nc.is_draining_pubs:
         raise ConnectionDrainingError
-    mux = await _mux_for(nc)
+    inbox = await _inbox_for(nc)
     token = format(next(_tokens), "x")
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Msg] = loop.create_future()
-    mux.waiters[token] = future
+    inbox.waiters[token] = future
     try:
-        await nc.publish(subject, payload, reply=mux.prefix + token, headers=headers)
+        await nc.publish(subject, payload, reply=inbox.prefix + token, headers=headers)
         timer = loop.call_later(timeout, _expire, future)
         try:
             msg = await future
         finally:
             timer.cancel()
     finally:
-        mux.waiters.pop(token, None)
+        inbox.waiters.pop(token, None)
     if msg.headers and msg.headers.get(_STATUS) == _NO_RESPONDERS:
         raise NoRespondersError
     return msg

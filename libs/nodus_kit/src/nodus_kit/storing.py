@@ -19,7 +19,6 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
@@ -30,24 +29,20 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
 from nodus_kit import measuring, replying
-from nodus_kit.errors import AlreadyExists, Conflict, Expired, NotFound
+from nodus_kit.backingoff import Backoff
+from nodus_kit.errors import AlreadyExists, Conflict, Expired, Invalid, NotFound
+from nodus_kit.keying import COMPACTED_KEY, KV_OP, META_PREFIX, NODUS_OP, Page, is_marker, key_of
 from nodus_kit.selecting import Selector
+from nodus_kit.watching import Watch
 from nodus_schema.meta import now_rfc3339
 
-KV_OP = "KV-Operation"
-# Set by the server on the marker it writes when a message's TTL expires (subject delete markers).
-MARKER_REASON = "Nats-Marker-Reason"
-NODUS_OP = "Nodus-Op"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-CLUSTER = "_"
-# Keys under this prefix hold the store's own bookkeeping (the compacted revision); namespaces are DNS
-# labels and can never start with "_", so they never collide with objects.
-META_PREFIX = "_meta"
-COMPACTED_KEY = f"{META_PREFIX}.compacted"
 WRONG_LAST_SEQUENCE = (10071, 10164)
 ATOMIC_PUBLISH_DISABLED = 10174  # a stream without allow_atomic (declared before ADR-0034)
 CREATE_SETTLE_S = 5.0
 """How long a create refused for a write no read shows yet waits for it to show (see ObjectStore.create)."""
+SETTLE_BACKOFF = Backoff(base=0.005, cap=0.1)
+"""The pauses between the reads of such a create: short, as the write is proposed and shows in ms."""
 PUBLISH_TIMEOUT_S = 5.0  # as nats-py's JetStreamContext: a write the stream does not ack by then failed
 MAX_CREATE_BATCH = 128
 """Creates committed together at most (nats-server takes up to 1,000 messages in an atomic batch)."""
@@ -72,27 +67,6 @@ class HasMeta(Protocol):
 
 
 T = TypeVar("T", bound=msgspec.Struct)
-
-
-@dataclass(frozen=True, slots=True)
-class Event(Generic[T]):
-    """One change seen by a watch: ``type`` is ADDED, MODIFIED or DELETED; ``revision`` its sequence."""
-
-    type: str
-    object: T
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    items: list[T]
-    resource_version: int
-    continue_token: str | None
-    remaining: int | None
-
-
-def key_of(namespace: str | None, name: str) -> str:
-    return f"{namespace or CLUSTER}.{name}"
 
 
 class _PubAck(msgspec.Struct):
@@ -268,7 +242,8 @@ class ObjectStore(Generic[T]):
         meta = msgspec.structs.replace(_meta(obj), resource_version=None)
         return self._encoder.encode(msgspec.structs.replace(obj, metadata=meta))
 
-    def _decode(self, data: bytes, revision: int) -> T:
+    def decode(self, data: bytes, revision: int) -> T:
+        """An object as stored, with its revision as resourceVersion."""
         obj = self._decoder.decode(data)
         meta = msgspec.structs.replace(_meta(obj), resource_version=str(revision))
         return msgspec.structs.replace(obj, metadata=meta)
@@ -278,14 +253,14 @@ class ObjectStore(Generic[T]):
         msg = await self._last(key_of(namespace, name))
         if msg is None:
             raise NotFound(f"{self.bucket} {namespace}/{name} not found")
-        return self._decode(msg.data, msg.seq)
+        return self.decode(msg.data, msg.seq)
 
     async def _last(self, key: str) -> Any:
         try:
             msg = await self._get_last(self.prefix + key)
         except NotFoundError:
             return None
-        if _is_marker(msg):
+        if is_marker(msg.headers):
             return None
         return msg
 
@@ -334,7 +309,7 @@ class ObjectStore(Generic[T]):
         the object, for up to :data:`CREATE_SETTLE_S`, so that after AlreadyExists a get finds it."""
         taken = AlreadyExists(f"{self.bucket} {meta.namespace}/{meta.name} already exists")
         end = time.monotonic() + CREATE_SETTLE_S
-        pause = 0.005
+        pauses = SETTLE_BACKOFF.pauses()
         while True:
             marker = await self._marker_revision(key)
             if marker is None:
@@ -345,15 +320,14 @@ class ObjectStore(Generic[T]):
                 if time.monotonic() >= end:
                     raise taken from None
             # Someone's write is proposed but not yet readable: read again shortly.
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.1)
+            await asyncio.sleep(next(pauses))
 
     async def _marker_revision(self, key: str) -> int | None:
         try:
             msg = await self._get_last(self.prefix + key)
         except NotFoundError:
             return 0
-        if _is_marker(msg):
+        if is_marker(msg.headers):
             return int(msg.seq or 0)
         return None
 
@@ -447,7 +421,7 @@ class ObjectStore(Generic[T]):
         async for key, msg in self._latest(namespace):
             if after is not None and key <= after[0]:
                 continue
-            obj = self._decode(msg.data, msg.metadata.sequence.stream)
+            obj = self.decode(msg.data, msg.metadata.sequence.stream)
             if selector is None or selector.matches(_meta(obj).labels or {}):
                 items.append((key, obj))
         items.sort(key=lambda kv: kv[0])
@@ -468,7 +442,7 @@ class ObjectStore(Generic[T]):
         try:
             async for msg in _until_caught_up(sub):
                 key = msg.subject[len(self.prefix) :]
-                if key.startswith(META_PREFIX) or _is_marker(msg):
+                if key.startswith(META_PREFIX) or is_marker(msg.headers):
                     continue
                 yield key, msg
         finally:
@@ -481,11 +455,9 @@ class ObjectStore(Generic[T]):
         *,
         resource_version: int | None = None,
         name: str | None = None,
-    ) -> Any:
+    ) -> Watch[T]:
         """Events after ``resource_version``; with None, first the current objects as ADDED (as kubectl
         expects from a watch without a resourceVersion). See :mod:`nodus_kit.watching`."""
-        from nodus_kit.watching import Watch
-
         return Watch(self, namespace=namespace, resource_version=resource_version, name=name)
 
     async def compacted_revision(self) -> int:
@@ -524,7 +496,7 @@ class ObjectStore(Generic[T]):
         purge: list[tuple[str, int]] = []
         try:
             async for msg in _until_caught_up(sub):
-                if _is_marker(msg) and msg.metadata.timestamp.timestamp() <= cutoff:
+                if is_marker(msg.headers) and msg.metadata.timestamp.timestamp() <= cutoff:
                     purge.append((msg.subject, int(msg.metadata.sequence.stream)))
         finally:
             await sub.unsubscribe()
@@ -570,12 +542,6 @@ async def _direct_reads_are_current(nc: NATS, js: JetStreamContext, stream: str)
     return known[stream]
 
 
-def _is_marker(msg: Any) -> bool:
-    """A delete or purge marker, or the server's marker for an expired TTL: no live object."""
-    h = msg.headers or {}
-    return bool(h.get(KV_OP) in ("DEL", "PURGE") or h.get(MARKER_REASON))
-
-
 def _meta(obj: Any) -> Any:
     return obj.metadata
 
@@ -590,8 +556,6 @@ def _encode_continue(key: str, rv: int) -> str:
 
 
 def _decode_continue(token: str) -> tuple[str, int]:
-    from nodus_kit.errors import Invalid
-
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data: Mapping[str, Any] = msgspec.json.decode(raw)

@@ -11,22 +11,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from nodus_kit.storing import KV_OP, MARKER_REASON, META_PREFIX, NODUS_OP, Event, key_of
-
-if TYPE_CHECKING:
-    from nodus_kit.storing import ObjectStore
+from nodus_kit.keying import META_PREFIX, NODUS_OP, Event, Page, is_marker, key_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
 # How long a consumer may be silent (no message, no heartbeat) before the watch re-creates it.
 HEARTBEAT_S = 1.0
+
+
+class Watched(Protocol[T]):
+    """What a watch needs of its store (an :class:`~nodus_kit.storing.ObjectStore`). Said as a protocol
+    so that this module does not import storing, which imports it to hand out watches."""
+
+    @property
+    def js(self) -> JetStreamContext: ...
+
+    @property
+    def prefix(self) -> str: ...
+
+    async def list(self, namespace: str | None = None) -> Page[T]: ...
+
+    async def check_not_expired(self, resource_version: int) -> None: ...
+
+    def decode(self, data: bytes, revision: int) -> T: ...
 
 
 class WatchClosed(Exception):
@@ -36,7 +51,7 @@ class WatchClosed(Exception):
 class Watch(Generic[T]):
     def __init__(
         self,
-        store: ObjectStore[T],
+        store: Watched[T],
         *,
         namespace: str | None,
         resource_version: int | None,
@@ -128,13 +143,13 @@ class Watch(Generic[T]):
         if key.startswith(META_PREFIX):
             return None
         headers = msg.headers or {}
-        if headers.get(KV_OP) or headers.get(MARKER_REASON):
+        if is_marker(headers):
             if not msg.data:
                 return None  # a bare marker (purge, TTL expiry): nothing to tell about
             kind = "DELETED"
         else:
             kind = "ADDED" if headers.get(NODUS_OP) == "create" else "MODIFIED"
-        return Event(kind, self.store._decode(msg.data, seq), seq)
+        return Event(kind, self.store.decode(msg.data, seq), seq)
 
     def __aiter__(self) -> Watch[T]:
         return self

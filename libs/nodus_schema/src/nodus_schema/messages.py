@@ -11,6 +11,8 @@ so fields can be added without breaking anyone; tagged unions where one subject 
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 
 from nodus_schema.attempts import CheckpointRecord, OutputRecord
@@ -89,10 +91,49 @@ class StartAttempt(BusMessage, tag="StartAttempt"):
     image_pull_secrets: list[str] = msgspec.field(default_factory=list)
 
 
+class StopReason(enum.StrEnum):
+    """Why the scheduler stops an Attempt (``StopAttempt.reason``). The agent decides from this value (which
+    checkpoint a stop takes, docs/checkpoints.md), never from text; on the wire it is the value's string."""
+
+    JOB_DELETED = "JobDeleted"
+    """The Job was deleted, or this Attempt belongs to an earlier Job of the same name."""
+    JOB_FINISHED = "JobFinished"
+    """The Job reached a terminal phase while this Attempt still ran."""
+    CANCELLED = "Cancelled"
+    """spec.state Cancelled."""
+    SUSPENDED = "Suspended"
+    """spec.state Suspended."""
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    """The Job ran past spec.timeout."""
+    MAX_COST_REACHED = "MaxCostReached"
+    """Billing blocked the Job at its maxCostUSD cap (nodus_schema.billing.FUNDING_REASONS)."""
+    INSUFFICIENT_CREDITS = "InsufficientCredits"
+    """Billing blocked the Job: the project's credits cannot cover its next hold."""
+    BUDGET_EXCEEDED = "BudgetExceeded"
+    """Billing blocked the Job: a Budget of the project cannot take its next hold."""
+    NODE_LOST = "NodeLost"
+    """The node stopped heartbeating; it is told to stop in case it comes back."""
+    ASSEMBLY_TIMEOUT = "AssemblyTimeout"
+    """A gang attempt did not start every member within startupTimeout."""
+    GANG_RESTART = "GangRestart"
+    """Another member of the gang attempt failed, was lost or stopped: the whole gang starts again."""
+    PREEMPTED = "Preempted"
+    """Interruptible capacity is being reclaimed by its provider (nothing sends this yet: ADR-0017)."""
+    UNKNOWN = "Unknown"
+    """None given, or a reason this build does not know (a newer scheduler's): stopped all the same."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> StopReason:
+        # msgspec calls this for a value outside the enum: a stop from a newer scheduler must still stop the
+        # run, not be dead-lettered as undecodable while the program runs on.
+        return cls.UNKNOWN
+
+
 class StopAttempt(BusMessage, tag="StopAttempt"):
     namespace: str
     attempt: str
-    reason: str
+    reason: StopReason = StopReason.UNKNOWN
+    """Why it stops; the message's human text, if any, is never what the agent decides from."""
     checkpoint: bool = False
     """Take a checkpoint before stopping (a suspension of a Checkpointed Job keeps its progress)."""
 

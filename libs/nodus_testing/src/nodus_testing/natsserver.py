@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from nodus_kit import permitting
+from nodus_kit import credentials, permitting
 from nodus_testing.processes import free_port, spawn_server, stop, venv_bin, wait_for_log
 
 READY = "Server is ready"
@@ -31,8 +31,8 @@ def _harness_key(seed: Path) -> str:
     if not seed.exists():
         fd = os.open(seed, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(permitting.new_seed() + b"\n")
-    return permitting.seed_public_key(seed)
+            f.write(credentials.new_seed() + b"\n")
+    return credentials.seed_public_key(seed)
 
 
 def _with_harness(accounts: str, public_key: str) -> str:
@@ -74,7 +74,7 @@ class NatsServer:
         """The seed file of the test-only ``harness`` user (None: the caller's accounts, or no auth)."""
         if auth and "accounts" not in extra_config:
             self.credentials = permitting.generate(self.store_dir / "credentials")
-            self.harness_seed = self.credentials.directory / f"{HARNESS}{permitting.SEED_SUFFIX}"
+            self.harness_seed = self.credentials.directory / f"{HARNESS}{credentials.SEED_SUFFIX}"
             key = _harness_key(self.harness_seed)
             self.extra_config = _with_harness(self.credentials.accounts.read_text(), key) + extra_config
 

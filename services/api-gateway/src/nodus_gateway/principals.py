@@ -36,7 +36,8 @@ from nats.aio.client import Client as NATS
 from nodus_gateway.authorizing import Principal
 from nodus_gateway.config import ConfigError
 from nodus_kit import errors as kit
-from nodus_kit.storing import ObjectStore, Page
+from nodus_kit.keying import Page
+from nodus_kit.storing import ObjectStore
 from nodus_schema import ObjectMeta
 from nodus_schema.access import (
     DEFAULT_TOKEN_EXPIRATION_S,

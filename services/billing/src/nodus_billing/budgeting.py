@@ -3,6 +3,11 @@
 A Budget applies to the holds of its project's Jobs whose labels match its selector, per UTC month
 (ADR-0023). Its ``status`` shows the month and what is used (charged + held) in it; a changed or deleted
 Budget may let blocked Jobs run again, so the project's blocked Jobs are looked at.
+
+The Budget is read from the leader's informer of Budgets (the controller's ``for_``), never from the
+store; the status billing writes goes back into it at once (write-through). Every resync reads the book
+of each Budget's project (its use changes with every hold, which no event announces): one read per
+Budget, not per Job.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from nats.aio.client import Client as NATS
 from nodus_billing.books import Books
 from nodus_billing.holding import PutBudget
 from nodus_billing.standing import budget_used, month_of
+from nodus_kit import errors
 from nodus_kit.errors import Conflict, NotFound
+from nodus_kit.informing import Informer
 from nodus_kit.storing import ObjectStore
 from nodus_schema.billing import Budget, BudgetStatus
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
@@ -30,14 +37,15 @@ class Budgets:
     def __init__(self, nc: NATS, books: Books) -> None:
         self.books = books
         self.store = ObjectStore(nc, "budgets", Budget)
+        self.view: Informer[Budget] | None = None
+        """The leader's informer of Budgets, which the reconcile reads (set by the service)."""
         self.requeue_project: Callable[[str], None] = lambda project: None
 
     async def reconcile(self, key: tuple[str, str]) -> float | None:
         ns, name = key
-        try:
-            budget: Budget | None = await self.store.get(ns, name)
-        except NotFound:
-            budget = None
+        if self.view is None or not self.view.synced.is_set():
+            raise errors.Unavailable("billing's view of Budgets is not listed yet")
+        budget = self.view.get(ns, name)
         state = await self.books.read(ns)
         ref = budget_ref(name, budget.metadata.uid) if budget else None
         ops = [
@@ -71,7 +79,7 @@ class Budgets:
         )
         if budget.status != status:
             try:
-                await self.store.update(msgspec.structs.replace(budget, status=status))
+                self.view.apply(await self.store.update(msgspec.structs.replace(budget, status=status)))
             except (Conflict, NotFound):
                 return 1.0  # changed meanwhile: look again
         return None

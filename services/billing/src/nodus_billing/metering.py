@@ -15,6 +15,36 @@ One level-triggered reconcile per Job, safe to kill at any line and to run any n
 4. ``status.cost`` is written when it changed (a display copy: the book is the truth).
 
 The reconcile returns when to look again: the next meter tick while anything of the Job is held.
+
+**What it reads** (issue #19): the Job, its Attempts (by the Job's index), its Sweep and its funding record
+from the leader's informers (:mod:`viewing`), never a list of the namespace; the project's book as stored
+(``Books.read``, then the commit's compare-and-set re-reads it). What it writes it hands to its informer at
+once (write-through: ``status.cost`` from the Job ``mutate`` returned, the funding record from its create
+or update), so the next pass sees its own write before the watch brings it. The hold endpoint reads the
+Job and its Sweep from the store: it serves on every replica, and a hold is sized on what is stored.
+
+**Settled** (what the controller's resync skips, :meth:`Metering.settled`): a Job the meter has nothing to
+do for until something it watches changes. Either
+
+* *final*: it ended and its cost is final (:func:`settled`): billing writes ``final`` only once no hold of
+  it is open and every Attempt of it has ended, and nothing but its deletion changes that; or
+* *at rest* (a Suspended Job, a Job waiting for capacity): the last reconcile of this revision of the Job
+  read the book and found no open hold of it, no Attempt of it running, no block, and its ``status.cost``
+  as the book says; and since then no Attempt of it runs (the Attempts' index), no book holds an open hold
+  of it (the books' glance) and billing does not block it (the funding view). The Job's own status is not
+  enough on its own: a ``status.cost`` with nothing held may predate a hold placed since, and one written
+  before a crash may lag a capture; the reconcile's word on the book, kept per revision (and forgotten
+  at each new term as leader), is. A blocked Job is never at rest: credits granted on another replica
+  only reach it by the resync.
+
+The reconcile of a settled Job returns at once (the echo of billing's own cost write, a report, a Sweep's
+event): no book read. Nor does a deleted Job with nothing of it held or running read one.
+
+A hold can never be left open unmetered by this: every hold opened in a book, by any replica's hold
+endpoint, queues its Job at the meter once the books' glance holds it (``service._placed``), and a Job
+with an open hold is not at rest, so the meter looks at it every tick until the hold is captured or
+released; under that, the expiry loop queues the Job of every open hold whose funding has run out,
+settled or not (``service._expire``).
 """
 
 from __future__ import annotations
@@ -32,11 +62,11 @@ from nodus_billing.books import Books, Planner, Step
 from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
 from nodus_billing.segmenting import RESTORE, RUNNING, charged, epoch_ms, usage_ms, usage_of
 from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
+from nodus_billing.viewing import Views
 from nodus_kit import errors, tracing
-from nodus_kit.errors import NotFound
-from nodus_kit.selecting import Selector
+from nodus_kit.errors import AlreadyExists, Conflict, NotFound
 from nodus_kit.storing import ObjectStore
-from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, JOB_UID_LABEL, Attempt
+from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_UID_LABEL, Attempt
 from nodus_schema.billing import FUNDING_BUCKET, Block, Funding
 from nodus_schema.costs import Cost, CostSegments
 from nodus_schema.gpus import GPURequest
@@ -83,11 +113,11 @@ class Terms:
 
 
 def settled(job: Job) -> bool:
-    """A Job the meter is done with: it ended, and its cost is final, which billing writes only once no
-    hold of it is open and every Attempt of it has ended (cost_of). Nothing can change that but the Job's
-    deletion (another reconcile: the holds of a deleted Job are released). Every resync brings each
-    stored Job back; a settled one costs one read, not a list of the namespace and a read of the book,
-    so an idle billing does not grow busier with history."""
+    """A Job the meter is done with for good: it ended, and its cost is final, which billing writes only
+    once no hold of it is open and every Attempt of it has ended (cost_of). Nothing can change that but the
+    Job's deletion (another reconcile: the holds of a deleted Job are released). The resync skips it and
+    its reconcile returns at once, so an idle billing does not grow busier with history. (A Job at rest is
+    settled too: :meth:`Metering.settled`.)"""
     cost = job.status.cost
     return job.status.phase in TERMINAL_PHASES and cost is not None and cost.final is True
 
@@ -111,41 +141,77 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+Key = tuple[str, str]
+Requeue = Callable[[Key, float], None]
+
+
 class Metering:
-    def __init__(self, nc: NATS, books: Books, terms: Terms) -> None:
+    def __init__(self, nc: NATS, books: Books, terms: Terms, views: Views | None = None) -> None:
         self.books = books
         self.terms = terms
+        # The stores: what billing writes, and what the hold endpoint reads (on every replica).
         self.jobs = ObjectStore(nc, "jobs", Job)
         self.sweeps = ObjectStore(nc, "sweeps", Sweep)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
         self.funding = ObjectStore(nc, FUNDING_BUCKET, Funding)
-        self.requeue: Callable[[tuple[str, str]], None] = lambda key: None  # set by the service
+        self.views = views
+        """The leader's informers, which the reconcile reads (set by the service; None: holds only)."""
+        self.requeue: Requeue = lambda key, delay_s: None  # the meter's enqueue, set by the service
+        self._rest: dict[Key, str] = {}
+        """Jobs the last reconcile found at rest, with the resourceVersion it found so (see settled)."""
 
     # -- the reconcile -------------------------------------------------------------------------------
-    async def reconcile(self, key: tuple[str, str]) -> float | None:
+    def _read(self) -> Views:
+        views = self.views
+        if views is None or not views.synced():
+            raise errors.Unavailable("billing's views of Jobs, Attempts and books are not listed yet")
+        return views
+
+    async def reconcile(self, key: Key) -> float | None:
         ns, name = key
+        views = self._read()
         now = now_ms()
-        try:
-            job: Job | None = await self.jobs.get(ns, name)
-        except NotFound:
-            job = None
+        job = views.jobs.get(ns, name)
         if job is None:
-            return await self._reconcile(key, None, now)
-        if settled(job):
-            return None  # nothing left to charge, hold or write: no list, no book read (issue #19)
+            self._rest.pop(key, None)
+            if not views.running(ns, name) and not views.held(ns, name):
+                return None  # deleted with nothing of it held or running: no book to read
+            return await self._reconcile(views, key, None, now)
+        if self.settled(job):
+            return None  # nothing left to charge, hold or write: no book read (issue #19)
         # A child of the Job's create, whatever event or tick brought it here (ADR-0032).
         with tracing.object_span("meter Job", job):
-            return await self._reconcile(key, job, now)
+            return await self._reconcile(views, key, job, now)
 
-    async def _reconcile(self, key: tuple[str, str], job: Job | None, now: int) -> float | None:
+    def settled(self, job: Job) -> bool:
+        """Whether the resync may skip the Job: final, or at rest since the reconcile that found it so
+        (see the module's docstring). Called for every stored Job per resync: memory only."""
+        if settled(job):
+            return True
+        views = self.views
+        key = (job.metadata.namespace or "", job.metadata.name or "")
+        if views is None or self._rest.get(key) != job.metadata.resource_version:
+            return False
+        return not (views.running(*key) or views.held(*key) or views.blocks(job))
+
+    def wrote_funding(self, record: Funding) -> None:
+        """A funding record the hold endpoint wrote, handed to the view when this replica follows the
+        store (write-through: the meter's next pass compares its block with it, not with an older one)."""
+        if self.views is not None and self.views.funding.running:
+            self.views.funding.apply(record)
+
+    def forget_rest(self) -> None:
+        """A new term as leader judges every Job again (another leader may have acted meanwhile)."""
+        self._rest.clear()
+
+    async def _reconcile(self, views: Views, key: Key, job: Job | None, now: int) -> float | None:
         ns, name = key
-        by_job = Selector.equals({JOB_LABEL: name})
-        attempts = (await self.attempts.list(ns, selector=by_job)).items
+        attempts = views.attempts_of(ns, name)
         state = await self.books.read(ns)
         refs = {r for r in state.jobs if r.rsplit("@", 1)[0] == name}
         steps: list[Step] = []
         if job is not None:
-            steps += await self.puts(job)
+            steps += self.puts(job, await self._sweep_of(views, job))
             refs.add(job_ref(name, job.metadata.uid))
         steps += self._settle(state, refs, attempts, now)
         if steps:
@@ -155,23 +221,51 @@ class Metering:
         ref = job_ref(name, job.metadata.uid)
         if ref not in state.jobs:  # refused (a Sweep not known yet): the next pass puts it
             return 1.0
-        await self._fund(job, ref, state, attempts, now)
-        await self._write_cost(job, ref, state, attempts)
+        block = await self._fund(views, job, ref, state, attempts, now)
+        written = await self._write_cost(views, job, ref, state, attempts)
+        quiet = not _open_holds(state, refs) and block is None and not _running(attempts)
+        self._rested(key, written, at_rest=quiet)
         return self._next(state, {ref})
 
-    async def puts(self, job: Job) -> list[Step]:
-        """PutSweep / PutJob, decided inside the commit: only when the book lacks the current generation."""
+    def _rested(self, key: Key, job: Job | None, *, at_rest: bool) -> None:
+        """Remember (or forget) that this revision of the Job needs nothing until something changes: no
+        open hold in the book just read, nothing running, no block, its cost written. ``job``: None when
+        the pass judged an older revision than the store holds (the next pass judges that one)."""
+        if at_rest and job is not None:
+            self._rest[key] = job.metadata.resource_version or ""
+        else:
+            self._rest.pop(key, None)
+
+    async def _sweep_of(self, views: Views, job: Job) -> Sweep | None:
+        """The cell's Sweep from the view; from the store when the view lacks it (not seen yet, or gone):
+        a cell must never go into the book without the shared cap of a Sweep that exists."""
+        ref = sweep_ref_of(job)
+        if ref is None:
+            return None
+        name, uid = ref.rsplit("@", 1)
+        obj = views.sweeps.get(job.metadata.namespace, name)
+        if obj is not None and obj.metadata.uid == uid:
+            return obj
+        return await self.stored_sweep(job)
+
+    async def stored_sweep(self, job: Job) -> Sweep | None:
+        """The cell's Sweep as stored (None: not a cell, or its Sweep is gone or was created again)."""
+        ref = sweep_ref_of(job)
+        if ref is None:
+            return None
+        name, uid = ref.rsplit("@", 1)
+        try:
+            obj = await self.sweeps.get(job.metadata.namespace, name)
+        except NotFound:
+            return None
+        return obj if obj.metadata.uid == uid else None
+
+    def puts(self, job: Job, obj: Sweep | None) -> list[Step]:
+        """PutSweep / PutJob, decided inside the commit: only when the book lacks the current generation.
+        ``obj``: the cell's Sweep, of the uid its ownerReference names (None: not a cell, or gone)."""
         meta = job.metadata
         ns = meta.namespace or ""
         sweep = sweep_ref_of(job)
-        obj: Sweep | None = None
-        if sweep is not None:
-            try:
-                obj = await self.sweeps.get(ns, sweep.rsplit("@", 1)[0])
-            except NotFound:
-                obj = None
-            if obj is not None and obj.metadata.uid != sweep.rsplit("@", 1)[1]:
-                obj = None  # a Sweep of the same name, created again: not this cell's
         ref = job_ref(meta.name or "", meta.uid)
         gen = meta.generation or 1
         cap = _micros(job.spec.max_cost_usd, f"spec.maxCostUSD of job {ns}/{meta.name}")
@@ -265,29 +359,35 @@ class Metering:
         return plan
 
     # -- funding ---------------------------------------------------------------------------------------
-    async def _fund(self, job: Job, ref: str, state: State, attempts: list[Attempt], now: int) -> None:
-        """Block the Job when its running holds run out and cannot be extended; unblock when they can."""
+    async def _fund(
+        self, views: Views, job: Job, ref: str, state: State, attempts: list[Attempt], now: int
+    ) -> Block | None:
+        """Block the Job when its running holds run out and cannot be extended; unblock when they can.
+        Returns the Job's block as it now stands."""
         ns, name = job.metadata.namespace or "", job.metadata.name or ""
-        try:
-            record: Funding | None = await self.funding.get(ns, name)
-        except NotFound:
-            record = None
+        record = views.funding.get(ns, name)
         current = record.blocked if record is not None and record.job_uid == job.metadata.uid else None
         block = None
         if job.status.phase not in TERMINAL_PHASES:
             block = self._block_of(state, ref, attempts, now, current)
         if block == current:
-            return
+            return block
         funding = Funding(
             metadata=ObjectMeta(name=name, namespace=ns), job_uid=job.metadata.uid or "", blocked=block
         )
-        if record is None:
-            await self.funding.create(funding)
-        else:
-            funding.metadata = msgspec.structs.replace(
-                funding.metadata, resource_version=record.metadata.resource_version
-            )
-            await self.funding.update(funding)
+        try:
+            if record is None:
+                stored = await self.funding.create(funding)
+            else:
+                funding.metadata = msgspec.structs.replace(
+                    funding.metadata, resource_version=record.metadata.resource_version
+                )
+                stored = await self.funding.update(funding)
+        except AlreadyExists:
+            # Written meanwhile (the hold endpoint, maybe on another replica) and not in the view yet:
+            # retried once the view has it.
+            raise Conflict(f"the funding record of job {ns}/{name} changed meanwhile") from None
+        views.funding.apply(stored)  # write-through: the next pass compares with what was written
         if block is not None:
             log.info("job blocked", extra={"job": f"{ns}/{name}", "reason": block.reason})
         sweep = sweep_ref_of(job)
@@ -295,7 +395,8 @@ class Metering:
             # One cell at the Sweep's cap means every cell is: look at its siblings now, not at their tick.
             for sibling, other in state.jobs.items():
                 if other.sweep == sweep and sibling != ref:
-                    self.requeue((ns, sibling.rsplit("@", 1)[0]))
+                    self.requeue((ns, sibling.rsplit("@", 1)[0]), 0.0)
+        return block
 
     def _block_of(
         self, state: State, ref: str, attempts: list[Attempt], now: int, current: Block | None
@@ -324,13 +425,21 @@ class Metering:
         return stop_margin_ms(hold.reserved_micros, hold.rate_micros_per_hour, self.terms.margin_ms)
 
     # -- status.cost -----------------------------------------------------------------------------------
-    async def _write_cost(self, job: Job, ref: str, state: State, attempts: list[Attempt]) -> None:
+    async def _write_cost(
+        self, views: Views, job: Job, ref: str, state: State, attempts: list[Attempt]
+    ) -> Job | None:
+        """Write status.cost and status.recovery when they changed. Returns the Job as now stored when it
+        is the revision this pass judged (or its own write on top of it); None when the store held a newer
+        one (or none): the write-through then hides that revision's event from the view, and queues the
+        Job again for the next pass to judge it."""
         cost = cost_of(job, ref, state, attempts)
         recovery = recovery_of(job, state, attempts)
         if (job.status.cost, job.status.recovery) == (cost, recovery):
-            return
+            return job
+        found: list[str | None] = []  # the revision each try of the mutate wrote onto
 
         def change(current: Job) -> Job | None:
+            found.append(current.metadata.resource_version)
             if current.metadata.uid != job.metadata.uid:
                 return None
             if (current.status.cost, current.status.recovery) == (cost, recovery):
@@ -339,15 +448,16 @@ class Metering:
             return msgspec.structs.replace(current, status=status)
 
         try:
-            await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+            stored = await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
         except NotFound:
-            pass
+            return None  # deleted meanwhile: its DELETED event brings it back
+        views.jobs.apply(stored)  # write-through: the next pass sees the cost it wrote (newer wins)
+        return stored if found[-1] == job.metadata.resource_version else None
 
     def _next(self, state: State, refs: Iterable[str]) -> float | None:
         """Every tick while a hold is open, and in time to stop a run whose funding ends before the next
         tick (a small hold funds seconds)."""
-        wanted = set(refs)
-        open_ = [h for h, hold in state.holds.items() if hold.job in wanted and hold.status == "Open"]
+        open_ = _open_holds(state, refs)
         if not open_:
             return None
         now = now_ms()
@@ -383,6 +493,15 @@ def funded_until(hold: Hold, reserved_left: int, billing_start_ms: int) -> int:
         return hold.funded_until_ms
     paid = hold.charged_micros + reserved_left
     return billing_start_ms + paid * MICROS_PER_HOUR_MS // rate
+
+
+def _running(attempts: list[Attempt]) -> bool:
+    return any(a.status.phase not in ATTEMPT_TERMINAL for a in attempts)
+
+
+def _open_holds(state: State, refs: Iterable[str]) -> list[str]:
+    wanted = set(refs)
+    return [h for h, hold in state.holds.items() if hold.job in wanted and hold.status == "Open"]
 
 
 def _replaces_lost(attempt: Attempt, attempts: list[Attempt]) -> bool:

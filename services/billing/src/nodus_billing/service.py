@@ -3,42 +3,60 @@
 - ``nodus.rpc.billing.hold`` (serving.Holds): fund an Attempt before it is created.
 - ``nodus.rpc.billing.{account,grant,usage}`` (serving.Accounts): the gateway's account API.
 - ``nodus.rpc.billing.quote`` (quoting): billing's half of an estimate, with the project's balances.
-- the metering controller (leader only): one reconcile per Job, fed by Jobs, Attempts, Sweeps and Budgets
-  and by AttemptFinished reports (metering.py); it captures, charges, extends, blocks and writes
-  ``status.cost``. Every replica serves the endpoints; the books' compare-and-set keeps them consistent.
+- the metering controller (leader only): one reconcile per Job (metering.py); it captures, charges,
+  extends, blocks and writes ``status.cost``. Every replica serves the endpoints; the books'
+  compare-and-set keeps them consistent.
+
+What the leader watches and owns, each kind through one shared informer (:mod:`viewing`, issue #19):
+
+* ``jobs``, indexed by their Sweep: the meter's ``for_``, each Job reconciled;
+* ``attempts``, indexed by their Job: owned by Jobs, a run's change meters its Job;
+* ``sweeps``: watched, a new cap (or a Sweep come or gone) meters its cells, found in the jobs' index;
+* ``funding``, its blocking records indexed by project: watched (a block the hold endpoint placed meters
+  its Job) and read by the meter; a grant or a Budget looks at the project's blocked Jobs;
+* ``books``, a glance of their open holds indexed by Job: watched, a hold opened meters its Job; the rest
+  rule and the expiry loop read it from memory;
+* ``budgets``: the budget controller's ``for_``.
+
+Reports and RPCs (an AttemptFinished, a grant, a changed Budget) queue Jobs with ``Controller.enqueue``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterable
 from typing import Any
 
-from nodus_billing.books import Book, Books
+from nodus_billing.books import Books
 from nodus_billing.budgeting import Budgets
 from nodus_billing.holding import Expire
 from nodus_billing.metering import Metering, Terms, now_ms
 from nodus_billing.quoting import serve_quotes
 from nodus_billing.serving import Holds, serve_accounts, serve_holds
-from nodus_kit.controlling import Controller, Key, Source
+from nodus_billing.viewing import (
+    BLOCKED,
+    BY_JOB,
+    BY_SWEEP,
+    OPEN,
+    HoldGlance,
+    Views,
+    blocked,
+    glances,
+    labelled,
+    open_holds,
+)
+from nodus_kit.controlling import Controller, Key, own_key, owns, watches
+from nodus_kit.informing import Informer, key_of
+from nodus_kit.keying import Event
 from nodus_kit.leasing import Lease, run_as_leader, ttl_from
 from nodus_kit.messaging import Consumer, Delivery
 from nodus_kit.servicing import Service
-from nodus_kit.storing import Event
 from nodus_kit.vouching import REPORT_PREFIX, Forgeries, sender
 from nodus_schema.attempts import JOB_LABEL
 from nodus_schema.messages import AttemptFinished, Report
 from nodus_schema.quantities import usd_to_micros
 from nodus_schema.sweeps import SWEEP_LABEL
-
-log = logging.getLogger(__name__)
-
-
-def _job_of_attempt(event: Event[Any]) -> Iterable[Key]:
-    meta = event.object.metadata
-    return [(meta.namespace or "", meta.labels.get(JOB_LABEL) or event.object.spec.job)]
 
 
 class BillingService(Service):
@@ -51,28 +69,39 @@ class BillingService(Service):
         self.books = Books(
             self.bus, starting_micros=usd_to_micros(env.get("NODUS_STARTING_CREDITS_USD", "0"))
         )
-        self.metering = Metering(self.bus, self.books, self.terms)
+        m = self.metering = Metering(self.bus, self.books, self.terms)
         self.budgets = Budgets(self.bus, self.books)
+        self.views = m.views = Views(
+            jobs=Informer(m.jobs, indexers={BY_SWEEP: labelled(SWEEP_LABEL)}, name="billing:jobs"),
+            attempts=Informer(m.attempts, indexers={BY_JOB: labelled(JOB_LABEL)}, name="billing:attempts"),
+            sweeps=Informer(m.sweeps, name="billing:sweeps"),
+            funding=Informer(m.funding, indexers={BLOCKED: blocked}, name="billing:funding"),
+            books=Informer(glances(self.bus), indexers={OPEN: open_holds}, name="billing:holds"),
+        )
+        budgets = self.budgets.view = Informer(self.budgets.store, name="billing:budgets")
+        self.informers: list[Informer[Any]] = [*self.views.all(), budgets]  # stopped by stop()
+        resync_s = float(env.get("NODUS_RESYNC_S", "30"))
         self.meter = Controller(
             "billing-meter",
-            self.metering.reconcile,
-            [
-                Source(self.metering.jobs),
-                Source(self.metering.attempts, _job_of_attempt),
-                Source(self.metering.sweeps, self._cells_of),
+            m.reconcile,
+            for_=self.views.jobs,
+            owns=[owns(self.views.attempts, label=JOB_LABEL)],
+            watches=[
+                watches(self.views.sweeps, self._cells_of),
+                watches(self.views.books, self._placed),
+                watches(self.views.funding, own_key),  # a block placed by the hold endpoint, anywhere
             ],
+            settled=m.settled,
             workers=4,
-            resync_s=float(env.get("NODUS_RESYNC_S", "30")),
+            resync_s=resync_s,
         )
-        self.metering.requeue = self.meter.queue.add
+        m.requeue = self.meter.enqueue
         self.budgeter = Controller(
-            "billing-budgets",
-            self.budgets.reconcile,
-            [Source(self.budgets.store)],
-            workers=1,
-            resync_s=float(env.get("NODUS_RESYNC_S", "30")),
+            "billing-budgets", self.budgets.reconcile, for_=budgets, workers=1, resync_s=resync_s
         )
         self.budgets.requeue_project = self._requeue_project
+        self._sweep_specs: dict[Key, tuple[str | None, int | None]] = {}
+        self._open: dict[str, set[str]] = {}  # per project, the open holds the meter was told of
         # Reports only speed things up (the Attempt's phase is what counts): every replica shares the one
         # durable consumer, and a report that arrives twice enqueues the same key twice, harmlessly.
         self.reports = Consumer(
@@ -93,74 +122,92 @@ class BillingService(Service):
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
 
     async def _lead(self) -> None:
+        self.metering.forget_rest()  # another leader may have acted meanwhile: judge every Job again
+        self._sweep_specs.clear()
+        self._open.clear()
         await asyncio.gather(self.meter.run(), self.budgeter.run(), self._expire())
 
     async def _expire(self) -> None:
         """The safety net under the meter: a hold nobody extended for an hour past its funding (its Job and
         Attempt gone from every view the meter has) expires, and what it still reserves goes back.
 
-        Before that, the Job of every open hold whose funding has run out is looked at by the meter: one
-        whose Job was deleted while billing was down (or while its book could not be written) is released
-        there as soon as its Attempt is gone, not an hour later."""
+        Before that, the Job of every open hold whose funding has run out is looked at by the meter,
+        settled or not: one whose Job was deleted while billing was down (or while its book could not be
+        written) is released there as soon as its Attempt is gone, not an hour later; one whose Attempt
+        never came is released past the orphan grace.
+
+        Each tick walks the books' glance in memory, and only the books with an open hold (an idle
+        stack's books have none): no list of the bucket, no book decoded per tick."""
         grace_ms = int(float(self.settings.env.get("NODUS_HOLD_EXPIRY_S", "3600")) * 1000)
         while True:
             await asyncio.sleep(max(1.0, self.terms.tick_ms / 1000))
-            books: list[Book] = []
+            projects = sorted({value.split("/", 1)[0] for value in self.views.books.index_values(OPEN)})
+            for project in projects:
+                book = self.views.books.get(None, project)
+                if book is not None:
+                    await self._expire_book(project, book.open_holds(), grace_ms)
+
+    async def _expire_book(self, project: str, holds: list[HoldGlance], grace_ms: int) -> None:
+        now = now_ms()
+        cutoff = now - grace_ms
+        for job in sorted({h.job.rsplit("@", 1)[0] for h in holds if h.funded_until_ms <= now}):
+            self.meter.enqueue((project, job))
+        if any(h.funded_until_ms <= cutoff for h in holds):
+            # Whole seconds: one expiry op per project per second at most (its id is the time).
             with contextlib.suppress(Exception):
-                books = (await self.books.store.list(None)).items
-            for book in books:
-                project = book.metadata.name or ""
-                now = now_ms()
-                cutoff = now - grace_ms
-                holds = [h for h in book.state.holds.values() if h.status == "Open"]
-                for job in sorted({h.job.rsplit("@", 1)[0] for h in holds if h.funded_until_ms <= now}):
-                    self.meter.queue.add((project, job))
-                if any(h.funded_until_ms <= cutoff for h in holds):
-                    # Whole seconds: one expiry op per project per second at most (its id is the time).
-                    with contextlib.suppress(Exception):
-                        await self.books.apply(project, [Expire(now_ms=cutoff // 1000 * 1000)])
+                await self.books.apply(project, [Expire(now_ms=cutoff // 1000 * 1000)])
 
     async def _on_report(self, delivery: Delivery[Report]) -> None:
         """A finished run's Job is metered now. Only a report from the Attempt's own node counts (a
         forged one is dropped and counted, nodus_kit.vouching); what is charged is read from the
-        Attempt the scheduler wrote, never from the report."""
+        Attempt the scheduler wrote, never from the report. The Attempt is read from the view: one the
+        view lacks (not seen yet, or this replica does not lead) queues its Job when the view sees it."""
         report = delivery.data
         if not isinstance(report, AttemptFinished):
             return
-        try:
-            attempt = await self.metering.attempts.get(report.namespace, report.attempt)
-        except Exception:
-            return  # gone (or the bus away): the meter's resync looks at the Job anyway
+        attempt = self.views.attempts.get(report.namespace, report.attempt)
+        if attempt is None:
+            return
         node = sender(delivery.subject, REPORT_PREFIX)
         about = f"AttemptFinished of {report.namespace}/{report.attempt}"
         if self.forgeries.genuine(node, report.node, attempt.spec.node, about):
-            self.meter.queue.add((report.namespace, attempt.spec.job))
+            self.meter.enqueue((report.namespace, attempt.spec.job))
 
     def _cells_of(self, event: Event[Any]) -> Iterable[Key]:
-        """A Sweep changed (its cap raised): every cell of it is looked at, blocked ones first of all."""
+        """A Sweep's cap changed, or the Sweep came or went: its cells not settled are looked at, blocked
+        ones first of all. Its status, which the sweep controller writes several times a second while it
+        runs, changes nothing billing reads (the cap by generation, and the uid): those events map to
+        nothing."""
+        key = key_of(event.object)
         meta = event.object.metadata
-        ns, name = meta.namespace or "", meta.name
-        asyncio.get_running_loop().create_task(self._enqueue_cells(ns, name))
-        return []
+        spec = (meta.uid, meta.generation)
+        if event.type == "DELETED":
+            self._sweep_specs.pop(key, None)
+        elif self._sweep_specs.get(key) == spec:
+            return []
+        else:
+            self._sweep_specs[key] = spec
+        cells = self.views.cells(*key)
+        return [key_of(job) for job in cells if not self.metering.settled(job)]
 
-    async def _enqueue_cells(self, ns: str, sweep: str) -> None:
-        from nodus_kit.selecting import Selector
-
-        with contextlib.suppress(Exception):
-            page = await self.metering.jobs.list(ns, selector=Selector.equals({SWEEP_LABEL: sweep}))
-            for job in page.items:
-                self.meter.queue.add((ns, job.metadata.name or ""))
+    def _placed(self, event: Event[Any]) -> Iterable[Key]:
+        """A book changed: the Job of each hold opened since is looked at, wherever the hold was placed
+        (any replica's hold endpoint). The rest rule relies on it: a Job at rest wakes for a new hold
+        even when its Attempt never comes. Charges and captures of holds already open map to nothing."""
+        project = event.object.metadata.name or ""
+        if event.type == "DELETED":
+            self._open.pop(project, None)
+            return []
+        holds = event.object.state.holds
+        now = {h for h, hold in holds.items() if hold.status == "Open"}
+        new = now - self._open.get(project, set())
+        self._open[project] = now
+        return sorted({(project, holds[h].job.rsplit("@", 1)[0]) for h in new})
 
     def _requeue_project(self, project: str) -> None:
         """Credits granted or a Budget changed: the project's blocked Jobs are looked at now."""
-
-        async def requeue() -> None:
-            with contextlib.suppress(Exception):
-                for record in (await self.metering.funding.list(project)).items:
-                    if record.blocked is not None:
-                        self.meter.queue.add((project, record.metadata.name or ""))
-
-        asyncio.get_running_loop().create_task(requeue())
+        for record in self.views.blocked_in(project):
+            self.meter.enqueue((project, record.metadata.name or ""))
 
     async def stop(self) -> None:
         await self.meter.stop()
@@ -171,3 +218,5 @@ class BillingService(Service):
                 await sub.unsubscribe()
         with contextlib.suppress(asyncio.CancelledError):
             await self._leader
+        for informer in self.informers:
+            await informer.stop()

@@ -162,7 +162,7 @@ class Holds:
                 rate_micros_per_hour=rate,
             )
 
-        steps = [*(await self.metering.puts(job)), plan]
+        steps = [*self.metering.puts(job, await self.metering.stored_sweep(job)), plan]
         applied = await self.books.apply(req.namespace, steps)
         result = applied.results[-1]
         if result is None:
@@ -203,7 +203,7 @@ class Holds:
             current = await store.get(req.namespace, req.job)
         except NotFound:
             try:
-                await store.create(record)
+                self.metering.wrote_funding(await store.create(record))
             except errors.AlreadyExists:
                 pass  # another replica blocked it at the same moment
             return
@@ -211,7 +211,7 @@ class Holds:
             return
         record.metadata.resource_version = current.metadata.resource_version
         try:
-            await store.update(record)
+            self.metering.wrote_funding(await store.update(record))
         except errors.Conflict:
             pass  # written meanwhile: metering's next pass decides
 

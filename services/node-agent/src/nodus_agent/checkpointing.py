@@ -36,7 +36,7 @@ from typing import Any, Final
 import msgspec
 from botocore.exceptions import BotoCoreError, ClientError
 
-from nodus_agent import archiving, uploading
+from nodus_agent import archiving, packing, unpacking, uploading
 from nodus_schema.meta import now_rfc3339
 from nodus_schema.quantities import format_bytes, parse_bytes, parse_duration
 
@@ -283,7 +283,7 @@ class Checkpointer:
         # Anything left open under this prefix belongs to a predecessor killed mid-upload (only one
         # Attempt of an index runs at a time, and takes here are serialised): swept while we measure.
         raw, _ = await asyncio.gather(
-            asyncio.to_thread(archiving.measure, sources, exclude),
+            asyncio.to_thread(packing.measure, sources, exclude),
             uploading.abort_open_uploads(self.client, self.bucket, self.prefix),
         )
         if raw > self.max_size:
@@ -292,10 +292,10 @@ class Checkpointer:
         meta = {"nodus-attempt": self.attempt, "nodus-sequence": str(sequence), "nodus-reason": reason}
         try:
             # Chunks of exactly one part: the uploader passes each on as a part without copying it.
-            packing = archiving.pack(
+            archive = packing.pack(
                 sources, exclude=exclude, level=self.level, threads=self.threads, chunk_size=self.part_size
             )
-            async with packing as s:
+            async with archive as s:
                 up = await uploading.upload(
                     self.client,
                     self.bucket,
@@ -440,7 +440,7 @@ class Checkpointer:
             )
             try:
                 async with contextlib.aclosing(chunks):
-                    await archiving.unpack(chunks, targets, sha256=info.sha256, size=info.size_bytes)
+                    await unpacking.unpack(chunks, targets, sha256=info.sha256, size=info.size_bytes)
             except archiving.DigestMismatch as e:
                 raise CheckpointCorrupt(f"checkpoint {info.sequence} at {info.uri} is damaged: {e}") from e
             except archiving.UnsafeArchive as e:

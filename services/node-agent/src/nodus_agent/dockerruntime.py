@@ -1,6 +1,6 @@
 """The ``docker`` runtime (:class:`nodus_agent.runtimes.Runtime`) over :mod:`nodus_agent.containers`.
 
-This module turns a StartAttempt into a :class:`~nodus_agent.containers.ContainerSpec`: the Job's image,
+This module turns a StartAttempt into a :class:`~nodus_agent.containerspec.ContainerSpec`: the Job's image,
 command and args (Kubernetes' ENTRYPOINT/CMD rule), the env contract with ``/nodus/...`` paths, the
 attempt's folders mounted (inputs read-only), Secrets mounted read-only at ``/nodus/secrets/<name>``,
 the Job's CPU and memory floors as limits, this node's GPUs, the egress policy, the init command and
@@ -25,18 +25,17 @@ from pathlib import Path
 import msgspec
 
 from nodus_agent.attemptdir import AttemptDir, Record
-from nodus_agent.containers import (
+from nodus_agent.containerexits import ContainerExit, LaunchFailed
+from nodus_agent.containers import ContainerRuntime
+from nodus_agent.containerspec import (
     INPUTS_PATH,
     OUTPUTS_PATH,
     REPORT_PATH,
     STATE_PATH,
-    ContainerExit,
-    ContainerRuntime,
     ContainerSpec,
     EgressPolicy,
     GpuMode,
     InitCommand,
-    LaunchFailed,
     Mount,
     Sidecar,
     attempt_mounts,

@@ -15,8 +15,10 @@ What keeps it cheap:
   record falls back to the real agent's read-modify-write (:class:`~nodus_agent.registering.Registration`).
 * **Assignments**: one durable pull consumer per chunk of nodes (``--chunk``, 500 by default) on the
   work-queue stream, with ``filter_subjects`` listing the chunk's ``nodus.assign.<node>`` subjects
-  (nats-server >= 2.10). A fetched batch is decided, recorded in the fleet's journal with one fsync, and
-  only then acknowledged.
+  (nats-server >= 2.10), consumed by the kit's :class:`~nodus_kit.messaging.Consumer` as every service
+  consumes (outcomes, retries, dead letters). It hands a fetched batch's assignments to the handler side
+  by side: each is decided and recorded in the fleet's journal, the batch's records share one fsync, and
+  each is acknowledged only then.
 * **Runs**: no task per run. Each run holds one timer handle (its next progress tick or its end); when
   it fires, the run is queued for one publisher loop that records finishes (again one fsync per batch)
   and publishes the reports of a batch concurrently.
@@ -45,8 +47,6 @@ from typing import Any
 
 import msgspec
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -69,9 +69,8 @@ from nodus_agent.reporting import Reporter
 from nodus_agent.running import AGENT_RESTARTED, AGENT_SHUTDOWN, STOPPED_BEFORE_START, epoch_ms, finished
 from nodus_agent.settings import AgentSettings
 from nodus_agent.throughput import format_rate
-from nodus_kit import tracing
-from nodus_kit.errors import NotFound
-from nodus_kit.messaging import DEAD_REASON, DEAD_SUBJECT, MSG_ID, backoff
+from nodus_kit.errors import NotFound, PermanentError, TemporaryError
+from nodus_kit.messaging import Consumer, Delivery
 from nodus_kit.storing import ObjectStore
 from nodus_schema.messages import Assignment, StartAttempt, StopAttempt
 from nodus_schema.meta import now_rfc3339
@@ -82,8 +81,11 @@ log = logging.getLogger(__name__)
 ASSIGNMENTS = "NODUS_ASSIGNMENTS"
 
 FETCH_BATCH = 256
-MAX_DELIVER = 8  # handler failures before an assignment goes to the dead letters (as messaging.Consumer)
-VANISHED_RETRY_S = 5.0  # an assignment for a vanished node waits in the stream, redelivered this often
+MAX_DELIVER = 8  # deliveries before a failing assignment goes to the dead letters (the Consumer's default)
+# The Consumer's own limit, in effect none: an assignment for a vanished node waits in the stream for as long
+# as the node is away, redelivered every VANISHED_RETRY_S, so the handler applies MAX_DELIVER to failures.
+CONSUMER_MAX_DELIVER = 2**31 - 1
+VANISHED_RETRY_S = 5.0
 MIN_TICK_S = 0.05  # the heartbeat loop's finest step
 REGISTER_CONCURRENCY = 64
 LOST_ON_REVIVE = "the node vanished while the attempt ran (simulated node loss)"
@@ -136,8 +138,8 @@ class SimulatedFleet:
         self.registered = False
         self.peak_runs = 0
         """The most runs at once (tests check parallelism with it)."""
-        self._decoder: msgspec.json.Decoder[StartAttempt | StopAttempt] = msgspec.json.Decoder(Assignment)
-        self._stopping = asyncio.Event()
+        self._broken: BaseException | None = None
+        """Why the journal cannot be written (the fleet then takes no more work), or None."""
         self._wake = asyncio.Event()
         self._pump_lock = asyncio.Lock()  # one batch of recording and reporting at a time
         self._pump_task: asyncio.Task[None] | None = None
@@ -161,8 +163,6 @@ class SimulatedFleet:
         self._settle_left_behind(lambda node: True, AGENT_RESTARTED)
         self._tasks.append(asyncio.create_task(self._heartbeats(), name="sim:heartbeats"))
         await self._ensure_consumers()
-        for chunk in self.chunks:
-            chunk.task = asyncio.create_task(self._consume(chunk), name=f"sim:{chunk.durable}")
         return self
 
     async def stop(self, *, forget: bool = False) -> None:
@@ -208,14 +208,9 @@ class SimulatedFleet:
         self.registered = False
 
     async def _stop_consuming(self) -> None:
-        self._stopping.set()
-        for chunk in self.chunks:
-            if chunk.task is not None:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await chunk.task
-            if chunk.sub is not None:
-                with contextlib.suppress(Exception):
-                    await chunk.sub.unsubscribe()
+        """Every consumer finishes the batch in hand (acknowledging what it recorded) and stops."""
+        consumers = [c.consumer for c in self.chunks if c.consumer is not None]
+        await asyncio.gather(*(consumer.stop() for consumer in consumers))
 
     async def _cancel_pump(self) -> None:
         if self._pump_task is not None:
@@ -225,8 +220,14 @@ class SimulatedFleet:
             self._pump_task = None
 
     def _fatal(self, error: BaseException) -> None:
+        """The journal cannot be written: no more work is taken (what is not recorded is not acknowledged,
+        and comes again to a fleet that can record it)."""
+        if self._broken is not None:
+            return
+        self._broken = error
         log.critical("the fleet's journal cannot be written: it stops taking work (%s)", error)
-        self._stopping.set()
+        # Called from a handler, inside a Consumer's loop, whose stop waits for that loop: so a task apart.
+        self._tasks.append(asyncio.create_task(self._stop_consuming(), name="sim:stop-consuming"))
         if self.on_fatal is not None:
             self.on_fatal(error)
 
@@ -345,96 +346,66 @@ class SimulatedFleet:
                 await self.js.delete_consumer(ASSIGNMENTS, name)
         for chunk in self.chunks:
             await self.js.add_consumer(ASSIGNMENTS, chunk.config())
-            chunk.sub = await self.js.pull_subscribe_bind(durable=chunk.durable, stream=ASSIGNMENTS)
+            chunk.consumer = await Consumer(
+                self.js,
+                stream=ASSIGNMENTS,
+                durable=chunk.durable,
+                # The durable exists, with its chunk's filter_subjects: the Consumer binds to it as it is.
+                subject=chunk.subjects[0],
+                typ=Assignment,  # type: ignore[arg-type]  # a union is a valid msgspec type, not a class
+                handler=self._on_assignment,
+                max_deliver=CONSUMER_MAX_DELIVER,
+                batch=FETCH_BATCH,
+                concurrent=True,  # a batch's records share one fsync (Journal.sync)
+            ).start()
 
-    async def _consume(self, chunk: _Chunk) -> None:
-        while not self._stopping.is_set():
-            try:
-                msgs = await chunk.sub.fetch(FETCH_BATCH, timeout=1.0)
-            except (TimeoutError, NatsTimeout):
-                continue
-            except NotFoundError:  # the durable is gone (deleted by hand, a server that lost its store)
-                await asyncio.sleep(0.5)
-                with contextlib.suppress(Exception):
-                    await self.js.add_consumer(ASSIGNMENTS, chunk.config())
-                continue
-            except Exception as e:
-                log.warning("fetch failed: %s", e, extra={"consumer": chunk.durable})
-                await asyncio.sleep(0.5)
-                continue
-            try:
-                await self._handle_batch(chunk, msgs)
-            except OSError as e:
-                # The journal could not be written: nothing of the batch is acknowledged (all of it comes
-                # again, to a fleet that can record it), and this one stops taking work.
-                self._fatal(e)
-                return
-
-    async def _handle_batch(self, chunk: _Chunk, msgs: list[Msg]) -> None:
-        """Decide every message, record the decisions with one fsync, then act and acknowledge."""
+    async def _on_assignment(self, delivery: Delivery[Assignment]) -> None:
+        """One assignment, decoded and in its trace context: decided, recorded, then acted on; the
+        Consumer acknowledges it once this returns. Raises TemporaryError to leave it waiting in the
+        stream, PermanentError to dead-letter it (counted in ``stats["dead"]``)."""
+        if self._broken is not None:
+            raise TemporaryError("the fleet's journal cannot be written", delay=VANISHED_RETRY_S)
+        node = self._addressee(delivery)
         after: list[PostSync] = []
-        replies: list[tuple[Msg, str, str]] = []  # (msg, ack|wait|retry|dead, reason)
-        for msg in msgs:
-            replies.append((msg, *self._decide(msg, after)))
-        await self.journal.sync()
+        try:
+            if isinstance(delivery.data, StartAttempt):
+                self._start(node, delivery.data, after)
+            else:
+                self._stop(node, delivery.data, after)
+        except Exception as e:
+            if delivery.attempt < MAX_DELIVER:
+                raise  # the Consumer logs it and redelivers it after a backoff
+            log.exception("assignment failed", extra={"subject": delivery.subject})
+            raise self._dead(f"gave up after {delivery.attempt} deliveries: {e}") from e
+        try:
+            await self.journal.sync()
+        except OSError as e:
+            self._fatal(e)
+            raise
         for action in after:
             action()
         self._wake.set()
-        for msg, verdict, reason in replies:
-            try:
-                if verdict == "ack":
-                    await msg.ack()
-                elif verdict == "wait":
-                    await msg.nak(delay=VANISHED_RETRY_S)
-                elif verdict == "retry":
-                    await msg.nak(delay=backoff(int(msg.metadata.num_delivered)))
-                else:
-                    await self._dead(chunk, msg, reason)
-            except Exception as e:  # not acknowledged: redelivered, and the journal says what was done
-                log.warning("could not answer an assignment: %s", e, extra={"subject": msg.subject})
 
-    def _decide(self, msg: Msg, after: list[PostSync]) -> tuple[str, str]:
-        node = self.nodes.get(msg.subject[len(ASSIGN_PREFIX) :])
+    def _addressee(self, delivery: Delivery[Assignment]) -> SimNode:
+        """The node an assignment is for. PermanentError for one no node of this fleet can take,
+        TemporaryError while its node has vanished (it waits in the stream for the node's return)."""
+        node = self.nodes.get(delivery.subject[len(ASSIGN_PREFIX) :])
         if node is None:
-            return "dead", f"{msg.subject} is not a node of fleet {self.settings.fleet}"
+            raise self._dead(f"{delivery.subject} is not a node of fleet {self.settings.fleet}")
         if not node.alive:
-            return "wait", ""
-        try:
-            data = self._decoder.decode(msg.data)
-        except msgspec.DecodeError as e:
-            return "dead", f"undecodable: {e}"
+            raise TemporaryError(f"node {node.name} has vanished", delay=VANISHED_RETRY_S)
+        data = delivery.data
         for what, name in (("namespace", data.namespace), ("attempt", data.attempt)):
             if not attemptdir.valid_name(name):
-                return "dead", f"{what} {name!r} is not a DNS label"
+                raise self._dead(f"{what} {name!r} is not a DNS label")
         if isinstance(data, StartAttempt) and data.node != node.name:
-            return "dead", f"StartAttempt for node {data.node!r} reached node {node.name!r}"
-        headers = msg.headers or {}
-        outer = tracing.current_request_id()
-        tracing.set_request_id(headers.get(tracing.REQUEST_ID))
-        try:
-            with tracing.tracer.start_as_current_span(
-                f"consume {msg.subject}", context=tracing.extract(headers)
-            ):
-                if isinstance(data, StartAttempt):
-                    self._start(node, data, after)
-                else:
-                    self._stop(node, data, after)
-        except Exception as e:
-            log.exception("assignment failed", extra={"subject": msg.subject})
-            if int(msg.metadata.num_delivered) >= MAX_DELIVER:
-                return "dead", f"gave up after {msg.metadata.num_delivered} deliveries: {e}"
-            return "retry", ""
-        finally:
-            tracing.set_request_id(outer)
-        return "ack", ""
+            raise self._dead(f"StartAttempt for node {data.node!r} reached node {node.name!r}")
+        return node
 
-    async def _dead(self, chunk: _Chunk, msg: Msg, reason: str) -> None:
-        headers = {**(msg.headers or {}), DEAD_REASON: reason[:1000], DEAD_SUBJECT: msg.subject}
-        headers[MSG_ID] = f"dead:{ASSIGNMENTS}:{msg.metadata.sequence.stream}"
-        await self.js.publish(f"nodus.dead.{ASSIGNMENTS}.{chunk.durable}", msg.data, headers=headers)
-        await msg.term()
+    def _dead(self, reason: str) -> PermanentError:
+        """The error that makes the Consumer dead-letter an assignment, counted."""
         self.stats["dead"] += 1
-        log.error("dead-lettered: %s", reason, extra={"consumer": chunk.durable, "subject": msg.subject})
+        return PermanentError(reason)
 
     def _start(self, node: SimNode, msg: StartAttempt, after: list[PostSync]) -> None:
         key = (msg.namespace, msg.attempt)

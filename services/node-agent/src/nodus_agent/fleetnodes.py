@@ -1,5 +1,6 @@
 """The simulated fleet's nodes and runs: a node's registration (the real agent's, labelled and cached, so a
-beat is one write), and the state of one node, one run and one chunk of nodes' assignments."""
+beat is one write), and the state of one node, one run and one chunk of nodes' assignments (its durable
+consumer's configuration; the kit's Consumer consumes it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 import msgspec
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -25,7 +25,9 @@ from nodus_agent.registering import Registration
 from nodus_agent.reporting import Reporter
 from nodus_agent.settings import AgentSettings
 from nodus_kit.errors import Conflict, NotFound
+from nodus_kit.messaging import Consumer
 from nodus_kit.storing import ObjectStore
+from nodus_schema.messages import Assignment
 from nodus_schema.nodes import Node
 
 ASSIGN_PREFIX = "nodus.assign."
@@ -101,8 +103,7 @@ class SimRun:
 class _Chunk:
     durable: str
     nodes: list[str]
-    sub: Any = None
-    task: asyncio.Task[None] | None = None
+    consumer: Consumer[Assignment] | None = None
 
     @property
     def subjects(self) -> list[str]:
@@ -115,8 +116,8 @@ class _Chunk:
             filter_subjects=self.subjects,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=30.0,
-            # No server-side max_deliver: an assignment for a vanished node waits for it (MAX_DELIVER
-            # counts handler failures in the loop); enough pending room for every node's backlog.
+            # No server-side max_deliver: an assignment for a vanished node waits for it (the fleet's
+            # handler counts failures, fleet.MAX_DELIVER); enough pending room for every node's backlog.
             max_ack_pending=max(1000, 4 * len(self.nodes)),
         )
 

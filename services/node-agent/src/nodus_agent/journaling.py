@@ -48,7 +48,7 @@ class Journal:
         self._file: Any = None
         self._written = 0  # durable entries appended
         self._synced = 0  # of those, how many an fsync has covered
-        self._lock = asyncio.Lock()  # one fsync at a time; a caller whose entries it covered is done
+        self._flight: asyncio.Task[None] | None = None  # the fsync under way, shared by every caller
 
     def load(self) -> dict[tuple[str, str], Known]:
         """Fold the journal into the latest record per attempt, and rewrite it as just that."""
@@ -92,18 +92,28 @@ class Journal:
             self._written += 1
 
     async def sync(self) -> None:
-        """Return once every durable entry appended so far is on disk (fsync off the event loop; callers
-        that arrive while one runs share the next)."""
+        """Return once every durable entry appended so far is on disk (fsync off the event loop).
+
+        Callers share fsyncs (a group commit): the first starts one as a task of its own, which begins only
+        after the tasks already waiting to run have had their turn. The handlers of one fetched batch of
+        assignments run side by side and each appends before it syncs, so the whole batch shares that one
+        fsync, and all of them wake together when it ends (their acknowledgements leave in one write)."""
         target = self._written
-        if self._synced >= target:
-            return
-        async with self._lock:
-            if self._synced >= target:
-                return  # the fsync we waited for covered ours
+        while self._synced < target:
+            if self._flight is None:
+                self._flight = asyncio.create_task(self._fsync(), name="journal:fsync")
+                # Its callers may all be cancelled (a halt): its error is then nobody's to raise.
+                self._flight.add_done_callback(lambda t: t.cancelled() or t.exception())
+            await asyncio.shield(self._flight)  # a cancelled caller leaves the others their fsync
+
+    async def _fsync(self) -> None:
+        try:
             mark = self._written
             self._file.flush()
             await asyncio.to_thread(os.fsync, self._file.fileno())
             self._synced = mark
+        finally:
+            self._flight = None
 
     def close(self) -> None:
         if self._file is not None:

@@ -40,7 +40,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from nodus_kit import tracing
-from nodus_kit.messaging import MSG_ID, backoff
+from nodus_kit.backingoff import Backoff
+from nodus_kit.messaging import MSG_ID
 from nodus_schema.messages import LogLine, LogLines, StartAttempt
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ SUBJECT_PREFIX = "nodus.logs"
 CURSOR = "log.cursor"
 MASK = "***"
 PUBLISH_TIMEOUT_S = 5.0
+# Jittered, so that the agents that lost the bus together do not all come back in the same instant.
+SHIP_BACKOFF = Backoff(base=0.25, cap=5.0)
+DRAIN_BACKOFF = Backoff(base=0.1, cap=2.0)  # shorter: a drain has a deadline
 
 # <time> <stream> <text>: the container runtime's format (the time is RFC 3339, with or without a fraction).
 _RUNTIME_LINE = re.compile(
@@ -320,7 +324,7 @@ class LogShipper:
             except Exception as e:
                 failures += 1
                 log.warning("log batch not shipped (%s); retrying until the drain deadline", e)
-            wait = self.limits.interval_s if not failures else backoff(failures, base=0.1, cap=2.0)
+            wait = self.limits.interval_s if not failures else DRAIN_BACKOFF.delay(failures)
             if loop.time() + wait >= end:
                 break
             await asyncio.sleep(wait)
@@ -343,7 +347,7 @@ class LogShipper:
                         e,
                         extra={"attempt": self.source.attempt},
                     )
-            wait = self.limits.interval_s if not failures else backoff(failures, base=0.25, cap=5.0)
+            wait = self.limits.interval_s if not failures else SHIP_BACKOFF.delay(failures)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), wait)
 

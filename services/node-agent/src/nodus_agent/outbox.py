@@ -45,7 +45,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 
 from nodus_kit import tracing
-from nodus_kit.messaging import MSG_ID, backoff
+from nodus_kit.backingoff import Backoff
+from nodus_kit.messaging import MSG_ID
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ OUTBOX_DIR = "_outbox"
 JOURNAL = "journal.jsonl"
 LOCK = "lock"
 PUBLISH_TIMEOUT_S = 2.0
+SEND_BACKOFF = Backoff(base=0.1, cap=2.0)  # jittered: agents that lost the bus together spread out
 RECONNECT_POLL_S = 0.25  # how often a sender that sees no connection looks again
 COMPACT_AFTER = 512  # dead lines (acked or replaced entries) before the journal is rewritten
 # Errors no retry can fix: the entry is dropped with an error log, so one bad entry never blocks the rest.
@@ -327,7 +329,7 @@ class Outbox:
                         e,
                         len(self._pending),
                     )
-                await asyncio.sleep(backoff(failures, base=0.1, cap=2.0))
+                await asyncio.sleep(SEND_BACKOFF.delay(failures))
                 continue
             if failures:
                 log.info("outbox: sending again after %d failed tries", failures)

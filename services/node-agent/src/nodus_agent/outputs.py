@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import msgspec
 
-from nodus_agent import archiving, uploading
+from nodus_agent import archiving, packing, uploading
 from nodus_agent.checkpointing import index_prefix
 
 log = logging.getLogger(__name__)
@@ -182,9 +182,9 @@ class _Uploader:
         )
         size = self.part_size  # chunks of one part each: passed on to the upload without a copy
         stream = (
-            archiving.pack({name: path}, level=self.level, chunk_size=size)
+            packing.pack({name: path}, level=self.level, chunk_size=size)
             if is_dir
-            else archiving.file_stream(path, chunk_size=size)
+            else packing.file_stream(path, chunk_size=size)
         )
         async with stream:
             up = await uploading.upload(

@@ -24,7 +24,7 @@ from nodus_agent import checkpointing, inputs, secrets
 from nodus_agent.attemptdir import AttemptDir
 from nodus_agent.checkpointing import Checkpointer, CheckpointError, CheckpointInfo, Notify
 from nodus_agent.granting import Grants, NotBound
-from nodus_agent.inputs import InputContext, InputError, InputRecord, InputSettings, S3Credentials
+from nodus_agent.inputcontext import InputContext, InputError, InputRecord, InputSettings, S3Credentials
 from nodus_agent.logshipping import LogShipper, LogSource
 from nodus_agent.s3 import S3Settings
 from nodus_agent.secrets import Resolved, SecretError, SecretReader

@@ -26,10 +26,12 @@ from nats.js import JetStreamContext
 
 from nodus_agent.outbox import Outbox
 from nodus_kit import measuring
-from nodus_kit.messaging import backoff, publish
+from nodus_kit.backingoff import Backoff
+from nodus_kit.messaging import publish
 from nodus_schema.messages import AttemptFinished, AttemptProgress, AttemptStarted
 
 log = logging.getLogger(__name__)
+PUBLISH_BACKOFF = Backoff(base=0.25, cap=5.0)  # jittered: agents that lost the bus together spread out
 
 
 class AboutAttempt(Protocol):
@@ -120,6 +122,8 @@ class Reporter:
             if delivered:
                 await self.outbox.wait_sent(seq)
             return
+        # Decorrelated jitter rather than full: a count of tries must still cover a reconnect's seconds.
+        pauses = PUBLISH_BACKOFF.pauses()
         for n in range(1, tries + 1):
             try:
                 await publish(self.js, where, msg, msg_id=msg_id)
@@ -128,4 +132,4 @@ class Reporter:
                 if n == tries:
                     raise
                 log.warning("report %s not acknowledged (%s): retrying", msg_id, e)
-                await asyncio.sleep(backoff(n, base=0.25, cap=5.0))
+                await asyncio.sleep(next(pauses))

@@ -19,6 +19,13 @@ its record on disk (:mod:`nodus_agent.attemptdir`), never from the message alone
   stopped and reported Lost, and the scheduler's new attempt resumes from the checkpoint;
 * a StopAttempt for an attempt never seen leaves a Stopped record, so a StartAttempt arriving late
   does not run it.
+
+One attempt's assignments are decided in order (a lock per attempt); another attempt's never wait on them.
+A StartAttempt is acknowledged once its Starting record is written: its preparation (inputs, restore) and
+launch (an image pull) go on in the background, so a StopAttempt for any attempt, this one included, is
+carried out while they run. A stop that finds its attempt still preparing interrupts the preparation and
+reports Stopped without launching; one that arrives during the launch stops the program once it runs.
+What a stop does is decided from its :class:`~nodus_schema.messages.StopReason`, never from text.
 """
 
 from __future__ import annotations
@@ -27,20 +34,30 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import msgspec
 
 from nodus_agent import attemptdir, committing, envcontract, preparing
 from nodus_agent.attemptdir import FINISHED, RUNNING, STARTING, AttemptDir, Record
+from nodus_agent.keyedlocks import KeyedLocks
 from nodus_agent.logshipping import Redactor
 from nodus_agent.preparing import PrepareError, Toolkit
 from nodus_agent.reporting import Reporter
 from nodus_agent.runtimes import Exit, Launch, LaunchError, ProcessRuntime, Running, Runtime
 from nodus_agent.settings import AgentSettings
+from nodus_agent.stopping import (
+    Pending,
+    asked_to_stop,
+    checkpoint_reason,
+    remember,
+    remembered,
+    unless_stopped,
+)
 from nodus_agent.throughput import ReportTail, format_rate
 from nodus_kit import tracing
 from nodus_kit.errors import PermanentError
@@ -64,6 +81,9 @@ CHECKPOINT_SIGNAL = signal.SIGUSR1  # docs/checkpoints.md: "a checkpoint request
 AGENT_RESTARTED = "the node agent restarted while the program ran"
 AGENT_SHUTDOWN = "the node agent shut down"
 STOPPED_BEFORE_START = "stopped before it started on this node"
+LAUNCH_GRACE_S = 3.0
+"""At shutdown, how long a launch in flight (an image pull) may take before it is cancelled and left Starting
+for the next agent to settle: what the consumer gave an assignment in flight before launches ran apart."""
 
 
 def epoch_ms() -> int:
@@ -121,7 +141,7 @@ class Run:
     prepared: preparing.Prepared
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     stop_why: tuple[str, str] | None = None  # (reason, message) asked for
-    stop_checkpoint: bool = False  # take a checkpoint before stopping
+    stop_checkpoint: str | None = None  # the reason of the checkpoint to take before stopping, if any
     stopped_by: tuple[str, str] | None = None  # the stop that actually ended the program
     sent_rate: Decimal | None = None
     sent_at: float = float("-inf")
@@ -131,7 +151,8 @@ class Run:
     last_checkpoint_cost: timedelta | None = None
     task: asyncio.Task[None] | None = None
 
-    def request_stop(self, reason: str, message: str, *, checkpoint: bool = False) -> None:
+    def request_stop(self, reason: str, message: str, *, checkpoint: str | None = None) -> None:
+        """``checkpoint``: take one with this reason first (a Checkpointed Job's suspension)."""
         if self.stop_why is None:  # the first reason wins (a deadline is not turned into a Stopped)
             self.stop_why = (reason, message)
             self.stop_checkpoint = checkpoint
@@ -150,7 +171,11 @@ class Runner:
         self.runtime: Runtime = runtime or ProcessRuntime(settings.cwd)
         self.toolkit = toolkit or Toolkit()
         self.runs: dict[tuple[str, str], Run] = {}
-        self._lock = asyncio.Lock()  # one assignment at a time: decisions read and write the record
+        self.pending: dict[tuple[str, str], Pending] = {}
+        """Attempts between their Starting record and a running program (or their finish)."""
+        # An attempt's decisions read and write its record: one at a time per attempt, and only its own
+        # (records are per attempt; the outbox serialises its appends itself).
+        self.locks: KeyedLocks[tuple[str, str]] = KeyedLocks()
         self.drained: Callable[[], str | None] = lambda: None
         """Why this node takes no new work (a GPU fault, ADR-0022), or None; set by the service."""
 
@@ -161,11 +186,17 @@ class Runner:
             {"nodus.namespace": msg.namespace, "nodus.attempt": msg.attempt, "nodus.node": self.settings.node}
         )
         self._check(msg)
-        async with self._lock:
-            if isinstance(msg, StartAttempt):
-                await self.start(msg)
-            else:
+        key = (msg.namespace, msg.attempt)
+        async with self.locks.hold(key):
+            if not isinstance(msg, StartAttempt):
                 await self.stop(msg)
+                return
+            launch = await self._admit(msg)
+            if launch is not None:
+                # Acknowledged now, with the Starting record written: a crash from here on is settled from
+                # it. The consumer takes the next assignment (another attempt's stop) meanwhile.
+                pending = self.pending[key]
+                pending.task = asyncio.create_task(launch, name=f"launch:{msg.namespace}/{msg.attempt}")
 
     def _check(self, msg: Assignment) -> None:
         # A bad name would escape the work directory or break report subjects: a scheduler bug that
@@ -177,14 +208,24 @@ class Runner:
             raise PermanentError(f"StartAttempt for node {msg.node!r} reached node {self.settings.node!r}")
 
     async def start(self, msg: StartAttempt) -> None:
-        if (msg.namespace, msg.attempt) in self.runs:
+        """Decide a StartAttempt and, when it is to run, prepare and launch it: returns once its program
+        runs or it has finished (:meth:`handle` returns sooner, leaving the launch in the background)."""
+        launch = await self._admit(msg)
+        if launch is not None:
+            await launch
+
+    async def _admit(self, msg: StartAttempt) -> Coroutine[Any, Any, None] | None:
+        """Everything a StartAttempt decides before its program is prepared: a duplicate or a known attempt
+        is settled here (None); a new one gets its Starting record, and the launch still to await."""
+        key = (msg.namespace, msg.attempt)
+        if key in self.runs or key in self.pending:
             log.info("duplicate StartAttempt ignored: the attempt runs", extra={"attempt": msg.attempt})
-            return
+            return None
         adir = AttemptDir(self.settings.workdir, msg.namespace, msg.attempt)
         record = adir.load()
         if record is not None:
             await self._settle(adir, record, msg)
-            return
+            return None
         refusal = envcontract.refusal(msg, self.runtime.name)
         drained = self.drained()
         if refusal is None and drained is not None:
@@ -192,25 +233,35 @@ class Runner:
             refusal = f"the node is drained and takes no new work: {drained}"
         if refusal is not None:
             await self._finish(adir, Record(phase=STARTING, started=now_rfc3339()), "Lost", None, 0, refusal)
-            return
+            return None
         if self.toolkit.grants is not None:
             # Node restriction: the gateway answers only for an Attempt that exists, is bound to this
             # node and has not finished. A refusal (NotBound) dead-letters the assignment: nothing of a
             # run that is not ours starts, and no report is sent about it.
             await self.toolkit.grants.of(msg)
-        await self._launch(msg, adir)
+        record = self._record_start(msg, adir)
+        self.pending[key] = Pending()
+        return self._launch(msg, adir, record)
 
     async def stop(self, msg: StopAttempt) -> None:
-        run = self.runs.get((msg.namespace, msg.attempt))
-        if run is not None:
-            run.request_stop("Stopped", f"asked to stop ({msg.reason})", checkpoint=msg.checkpoint)
-            return
+        key = (msg.namespace, msg.attempt)
         adir = AttemptDir(self.settings.workdir, msg.namespace, msg.attempt)
+        run, pending = self.runs.get(key), self.pending.get(key)
+        if run is not None or pending is not None:
+            # Acknowledged before it is carried out: kept on disk first, for an agent killed meanwhile.
+            remember(adir, msg)
+            if run is not None:
+                _stop_run(run, msg)
+            elif pending is not None:  # its launch carries the stop out, and reports it
+                pending.request_stop(asked_to_stop(msg))
+            return
         record = adir.load()
         if record is None:
             await self._finish(adir, Record(phase=STARTING), "Stopped", None, 0, STOPPED_BEFORE_START)
-        else:
-            await self._settle(adir, record, None)
+            return
+        if record.phase != FINISHED:
+            remember(adir, msg)  # so the settling below stops what it re-adopts
+        await self._settle(adir, record, None)
 
     async def recover(self) -> None:
         """After a restart: re-adopt or report the attempts an earlier agent left running, and report
@@ -229,14 +280,23 @@ class Runner:
                 log.error("could not settle an attempt found at start: %s", result)
 
     async def shutdown(self) -> None:
-        """Stop every program (reported Stopped), so nothing runs unmanaged once the agent is gone."""
-        runs = list(self.runs.values())
-        for run in runs:
+        """Stop every program (reported Stopped), so nothing runs unmanaged once the agent is gone; a
+        preparation is interrupted (Stopped too), a launch in flight given :data:`LAUNCH_GRACE_S`."""
+        for run in list(self.runs.values()):
             run.request_stop("Stopped", AGENT_SHUTDOWN)
+        for pending in list(self.pending.values()):
+            pending.request_stop(AGENT_SHUTDOWN)
+        launches = [p.task for p in self.pending.values() if p.task is not None]
+        if launches:
+            _, late = await asyncio.wait(launches, timeout=LAUNCH_GRACE_S)
+            for task in late:  # left Starting: the next agent settles it, as after a kill
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        runs = list(self.runs.values())  # with those launched meanwhile, which stopped once running
         await asyncio.gather(*(r.task for r in runs if r.task), return_exceptions=True)
 
     # -- launching ----------------------------------------------------------------------------------
-    async def _launch(self, msg: StartAttempt, adir: AttemptDir) -> None:
+    def _record_start(self, msg: StartAttempt, adir: AttemptDir) -> Record:
         adir.create()
         # Recorded before the program exists: an agent killed right after starting it finds "Starting"
         # and reports Lost (or re-adopts the container) rather than running the program a second time.
@@ -249,11 +309,51 @@ class Runner:
             traceparent=tracing.current_traceparent(),
         )
         adir.save(record)
+        return record
+
+    async def _launch(self, msg: StartAttempt, adir: AttemptDir, record: Record) -> None:
+        """Prepare and launch an attempt recorded Starting, then watch it; it leaves :attr:`pending` once it
+        runs or has finished."""
+        key = (msg.namespace, msg.attempt)
+        pending = self.pending[key]
+        try:
+            await self._prepare_and_launch(msg, adir, record, pending)
+        except Exception:
+            log.exception("launching the attempt failed", extra={"attempt": msg.attempt})
+            await self._after_failed_launch(msg, adir, record, pending)
+        finally:
+            self.pending.pop(key, None)
+
+    async def _after_failed_launch(
+        self, msg: StartAttempt, adir: AttemptDir, record: Record, pending: Pending
+    ) -> None:
+        """Nothing redelivers the assignment (acknowledged with its Starting record): settle the attempt as
+        a redelivery would have, so it is reported (Lost), or its container re-adopted, and stopped if a
+        stop came meanwhile. Still pending until then, so a stop cannot settle it a second time."""
+        try:
+            await self._settle(adir, adir.load() or record, msg)
+        except Exception:
+            log.exception(
+                "settling the attempt after its failed launch failed", extra={"attempt": msg.attempt}
+            )
+            return
+        run = self.runs.get((msg.namespace, msg.attempt))
+        if run is not None and pending.stopped is not None:
+            run.request_stop("Stopped", pending.stopped)
+
+    async def _prepare_and_launch(
+        self, msg: StartAttempt, adir: AttemptDir, record: Record, pending: Pending
+    ) -> None:
         began = time.monotonic()
         try:
-            prepared = await preparing.prepare(self.toolkit, self.settings, msg, adir)
+            prepared = await unless_stopped(
+                pending, preparing.prepare(self.toolkit, self.settings, msg, adir)
+            )
         except PrepareError as e:
             await self._finish(adir, record, e.reason, None, _ms_since(began), e.message)
+            return
+        if prepared is None or pending.stopped is not None:  # nothing ran: nothing to checkpoint
+            await self._finish(adir, record, "Stopped", None, _ms_since(began), pending.stopped)
             return
         env = envcontract.build_env(msg, adir, self.settings, paths=self.runtime.paths(adir))
         env.update(prepared.secrets.env)
@@ -275,7 +375,10 @@ class Runner:
             running,
         )
         adir.save(record)
-        self._watch_run(msg, adir, record, running, began, prepared)
+        run = self._watch_run(msg, adir, record, running, began, prepared)
+        if pending.stopped is not None:
+            # Asked during the launch (an image pull): the program only just began, so no checkpoint.
+            run.request_stop("Stopped", pending.stopped)
         log.info(
             "attempt started",
             extra={
@@ -296,7 +399,7 @@ class Runner:
         prepared: preparing.Prepared,
         *,
         adopted: bool = False,
-    ) -> None:
+    ) -> Run:
         tail = ReportTail(adir.report, msg.attempt)
         run = Run(
             msg=msg, dir=adir, record=record, running=running, began=began, tail=tail, prepared=prepared
@@ -306,6 +409,7 @@ class Runner:
         run.task = asyncio.create_task(
             self._supervise(run, adopted=adopted), name=f"attempt:{msg.namespace}/{msg.attempt}"
         )
+        return run
 
     # -- watching -----------------------------------------------------------------------------------
     async def _supervise(self, run: Run, *, adopted: bool = False) -> None:
@@ -376,8 +480,8 @@ class Runner:
                 if deadline is not None and time.monotonic() >= deadline and not exited.done():
                     run.request_stop("DeadlineExceeded", f"the attempt ran past its timeout of {timeout}s")
                 if run.stop_why is not None and not exited.done():
-                    if run.stop_checkpoint:
-                        await self._checkpoint(run, _stop_reason(run))
+                    if run.stop_checkpoint is not None:
+                        await self._checkpoint(run, run.stop_checkpoint)
                     run.stopped_by = run.stop_why
                     return await self.runtime.stop(run.running, self.settings.stop_grace_s)
                 due = run.next_checkpoint
@@ -463,6 +567,7 @@ class Runner:
             await self._publish_finished(adir, record)
             return
         running = await self.runtime.reattach(adir, record, self.settings.stop_grace_s)
+        stop = remembered(adir)
         if running is not None:
             known = msg or adir.load_start()
             if known is None:  # an agent from before start.json: what the record knows is enough to wait
@@ -477,10 +582,15 @@ class Runner:
             began = time.monotonic() - max(0, epoch_ms() - (record.started_epoch_ms or epoch_ms())) / 1000
             log.info("re-adopted a running attempt", extra={"attempt": adir.attempt, "id": running.ident})
             prepared = await preparing.for_adoption(self.toolkit, known)
-            self._watch_run(known, adir, record, running, began, prepared, adopted=True)
+            run = self._watch_run(known, adir, record, running, began, prepared, adopted=True)
+            if stop is not None:  # acknowledged by an agent killed before it carried it out
+                _stop_run(run, stop)
             return
-        wall = epoch_ms() - record.started_epoch_ms if record.started_epoch_ms else 0
-        await self._finish(adir, record, "Lost", None, max(wall, 0), AGENT_RESTARTED)
+        wall = max(epoch_ms() - record.started_epoch_ms if record.started_epoch_ms else 0, 0)
+        if stop is not None:  # gone, but it was asked to stop: that is what it did, not lost capacity
+            await self._finish(adir, record, "Stopped", None, wall, asked_to_stop(stop))
+        else:
+            await self._finish(adir, record, "Lost", None, wall, AGENT_RESTARTED)
 
     async def _finish(
         self,
@@ -524,14 +634,9 @@ class Runner:
             adir.save(msgspec.structs.replace(record, reported=True))
 
 
-def _stop_reason(run: Run) -> str:
-    """The checkpoint reason of a stop that asked for one (docs/checkpoints.md)."""
-    why = (run.stop_why[1] if run.stop_why else "").lower()
-    if "maxcost" in why or "cap" in why:
-        return "CapReached"
-    if "preempt" in why or "interrupt" in why:
-        return "Preemption"
-    return "Suspend"
+def _stop_run(run: Run, msg: StopAttempt) -> None:
+    checkpoint = checkpoint_reason(msg.reason) if msg.checkpoint else None
+    run.request_stop("Stopped", asked_to_stop(msg), checkpoint=checkpoint)
 
 
 def _describe(code: int) -> str:

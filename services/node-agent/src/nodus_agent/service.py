@@ -15,9 +15,10 @@ import contextlib
 import logging
 from typing import Any
 
-from nodus_agent import inputs, retaining
+from nodus_agent import retaining
 from nodus_agent.gpuhealth import GPUHealth, runner_stopper
 from nodus_agent.granting import Grants
+from nodus_agent.inputcontext import InputSettings
 from nodus_agent.inventory import Inventory, resolve
 from nodus_agent.outbox import Outbox, outbox_dir
 from nodus_agent.preparing import Toolkit
@@ -121,7 +122,7 @@ class AgentService(Service):
             grants=Grants(self.bus, self.agent.node),
             store=store,
             s3=client,
-            inputs=inputs.InputSettings(
+            inputs=InputSettings(
                 max_bytes=self.agent.max_input_bytes,
                 ca_bundle=self.agent.ca_bundle,
                 parallel=self.agent.input_parallel,

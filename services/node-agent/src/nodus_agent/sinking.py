@@ -27,7 +27,7 @@ from typing import Final
 import asyncpg
 import msgspec
 
-from nodus_agent.inputs import secret_value
+from nodus_agent.inputcontext import secret_value
 from nodus_schema.configs import Connection, Secret
 
 __all__ = [

@@ -69,7 +69,7 @@ class Uploaded:
     """1 for a single PUT."""
     etag: str
     sha256: str | None
-    """The stream's digest, when the stream knows one (:class:`nodus_agent.archiving.ChunkStream` does)."""
+    """The stream's digest, when the stream knows one (:class:`nodus_agent.chunkstreams.ChunkStream` does)."""
 
     @property
     def uri(self) -> str:

@@ -33,7 +33,7 @@ from typing import Final
 from nodus_kit import measuring
 from nodus_kit.errors import AlreadyExists
 from nodus_kit.storing import ObjectStore
-from nodus_scheduler.caching import Cache, JobKey
+from nodus_scheduler.viewing import JobKey, World
 from nodus_schema.attempts import GANG_LABEL, Attempt
 from nodus_schema.jobs import Job
 
@@ -94,7 +94,7 @@ async def _free(_: Job, __: tuple[Attempt, ...]) -> str | None:
 
 @dataclass
 class Binder:
-    cache: Cache
+    world: World
     attempts: ObjectStore[Attempt]
     choose: Chooser
     assign: Assigner
@@ -133,7 +133,8 @@ class Binder:
 
     # -- passes --------------------------------------------------------------------------------------
     async def run(self) -> None:
-        await self.cache.synced.wait()
+        while not await self.world.wait_synced(60.0):
+            log.warning("binder waiting for the informers' first lists")
         while True:
             await self._kick.wait()
             self._kick.clear()
@@ -205,7 +206,9 @@ class Binder:
             made = [r for r in results if isinstance(r, Attempt)]
             measuring.SCHEDULER_ATTEMPTS_CREATED.inc(len(made))
             for stored_attempt in made:
-                self.cache.apply(stored_attempt)  # write-through: the store's view now holds the node busy
+                self.world.attempts.apply(
+                    stored_attempt
+                )  # write-through: the store's view now holds the node busy
             for attempt, result in zip(unit, results, strict=True):
                 if isinstance(result, Attempt):
                     continue

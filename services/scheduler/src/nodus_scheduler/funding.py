@@ -2,16 +2,16 @@
 
 Before an Attempt is created the binder asks billing for a hold (``nodus.rpc.billing.hold``); a hold that
 does not fit leaves the Job waiting, and billing blocks the Job in the ``funding`` bucket with the reason
-(MaxCostReached, InsufficientCredits, BudgetExceeded) and a fix. This module keeps those records in memory
-(a watch) so that every reconcile sees them without a read: a blocked Job is stopped with a checkpoint and
-held Suspended with billing's reason, and runs again once billing clears the block.
+(MaxCostReached, InsufficientCredits, BudgetExceeded) and a fix. The scheduler's informer keeps those
+records in memory (:mod:`nodus_scheduler.viewing`) so that every reconcile sees them without a read: a
+blocked Job is stopped with a checkpoint and held Suspended with billing's reason, and runs again once
+billing clears the block.
 
 ``NODUS_FUNDING=off`` runs without billing (a private fleet nobody pays for): no holds, no blocks.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Final
@@ -19,11 +19,10 @@ from typing import Final
 from nats.aio.client import Client as NATS
 
 from nodus_kit import errors, messaging
-from nodus_kit.cancelling import cancel_and_wait, cancel_swallowed
-from nodus_kit.storing import ObjectStore
+from nodus_kit.informing import Informer, key_of
+from nodus_kit.keying import Event
 from nodus_schema.attempts import Attempt
 from nodus_schema.billing import (
-    FUNDING_BUCKET,
     FUNDING_REASONS,
     HOLD_SUBJECT,
     Block,
@@ -44,29 +43,34 @@ JobKey = tuple[str, str]
 
 
 class FundingView:
-    """The funding records by Job, kept current by a watch; and the hold request."""
+    """Billing's funding records by Job (from the world's informer), and the hold request.
 
-    def __init__(self, nc: NATS, *, enabled: bool = True) -> None:
+    ``requeue(key, delay_s)`` looks at a Job again later: one whose hold could not be asked (billing down).
+    A refusal is known here at once (billing writes the same record, which the informer brings a moment
+    later): :attr:`refused` holds it until then."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        records: Informer[Funding] | None,
+        *,
+        requeue: Callable[[JobKey, float], None] = lambda key, delay_s: None,
+    ) -> None:
         self.nc = nc
-        self.enabled = enabled
-        self.store = ObjectStore(nc, FUNDING_BUCKET, Funding)
-        self.records: dict[JobKey, Funding] = {}
-        self.on_change: Callable[[JobKey], None] = lambda key: None
-        self.retry: Callable[[JobKey], None] = lambda key: None
-        self._task: asyncio.Task[None] | None = None
+        self.enabled = records is not None
+        self.records = records
+        self.requeue = requeue
+        self.refused: dict[JobKey, Funding] = {}
+        if records is not None:
+            records.add_handler(self._recorded)
 
-    async def start(self) -> None:
-        if self.enabled and self._task is None:
-            self._task = asyncio.create_task(self._follow(), name="scheduler:funding")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
-            self._task = None
+    def _recorded(self, event: Event[Funding]) -> None:
+        self.refused.pop(key_of(event.object), None)  # billing's own record is in: it speaks now
 
     def blocked(self, job: Job) -> Block | None:
         """Why billing will not fund the Job now (None: it may run)."""
-        record = self.records.get((job.metadata.namespace or "", job.metadata.name or ""))
+        key = (job.metadata.namespace or "", job.metadata.name or "")
+        record = self.refused.get(key) or (self.records.get(*key) if self.records is not None else None)
         if record is None or record.job_uid != job.metadata.uid:
             return None
         return record.blocked
@@ -91,7 +95,7 @@ class FundingView:
                     self.nc, HOLD_SUBJECT, request, HoldReply, timeout=HOLD_TIMEOUT_S
                 )
             except errors.NodusError as e:
-                asyncio.get_running_loop().call_later(RETRY_AFTER_S, self.retry, key)
+                self.requeue(key, RETRY_AFTER_S)
                 # The Job's message is a user's to read: billing's own sentence for the kit's errors, never
                 # the text of an unexpected failure (an older billing answered Python's words).
                 known = isinstance(e, errors.Unavailable | errors.Timeout | errors.Invalid)
@@ -100,31 +104,11 @@ class FundingView:
             if not reply.ok and reply.code not in FUNDING_REASONS:
                 # Not a funding verdict (a caps or credits refusal blocks the Job; this does not): ask again.
                 log.warning("billing refused a hold with %s: %s", reply.code, reply.message)
-                asyncio.get_running_loop().call_later(RETRY_AFTER_S, self.retry, key)
+                self.requeue(key, RETRY_AFTER_S)
                 return "waiting for billing to fund the run: billing could not place the hold just now"
             if not reply.ok:
                 block = Block(reason=reply.code or "", message=reply.message or "", fix=reply.fix or "")
                 meta = ObjectMeta(name=key[1], namespace=key[0])
-                self.records[key] = Funding(metadata=meta, job_uid=job.metadata.uid or "", blocked=block)
+                self.refused[key] = Funding(metadata=meta, job_uid=job.metadata.uid or "", blocked=block)
                 return f"{reply.message}; {reply.fix}"
         return None
-
-    async def _follow(self) -> None:
-        while True:
-            try:
-                async with self.store.watch() as w:
-                    async for event in w:
-                        meta = event.object.metadata
-                        key = (meta.namespace or "", meta.name or "")
-                        if event.type == "DELETED":
-                            self.records.pop(key, None)
-                        else:
-                            self.records[key] = event.object
-                        self.on_change(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                if cancel_swallowed():  # cancelled inside nats-py on Python 3.11: end, do not retry for ever
-                    raise asyncio.CancelledError from e
-                log.warning("funding watch failed, restarting: %s", e)
-                await asyncio.sleep(0.5)

@@ -4,12 +4,13 @@ The decisions are pure functions of the Job and its Attempts (:mod:`nodus_schedu
 Attempts say, the phase, deadlines, limits, the status), and a run's StartAttempt is built from the Job by
 :mod:`nodus_scheduler.assigning`; this module reads, asks them, and writes.
 
-Each reconcile reads the Job from the store and its Attempts from the scheduler's cache
-(:mod:`nodus_scheduler.caching`), then, in this order:
+Each reconcile reads the Job and its Attempts from the scheduler's informers
+(:mod:`nodus_scheduler.viewing`), then, in this order:
 
 1. stops what must not run (a deleted Job's runs, leftovers of an earlier Job of the same name, a finished
    Job's, a cancelled, suspended or timed-out Job's; a Checkpointed Job suspends with a checkpoint);
-2. marks Lost the runs of nodes that stopped heartbeating (infrastructure, never the user's failure);
+2. marks Lost the runs of nodes that stopped heartbeating (infrastructure, never the user's failure; the
+   node monitor, :mod:`nodus_scheduler.monitoring`, queues their Jobs when it finds a node silent);
 3. publishes again the assignment of a run still Pending after :data:`REASSIGN_AFTER_S` (a crash between
    creating an Attempt and publishing its assignment only delays the start);
 4. tells the binder (:mod:`nodus_scheduler.binding`) which indexes want a run now, in its line;
@@ -29,7 +30,8 @@ is a compare-and-set or carries a deterministic id. The rules (ADR-0015):
   does, ``status.startTime`` moves forward by the time spent suspended.
 * **queueTimeout**: a Job that waited that long for capacity with nothing running fails with
   CapacityUnavailable ("0s" waits for ever).
-* **ttlSecondsAfterFinished** deletes the Job and its Attempts that long after it finished.
+* **ttlSecondsAfterFinished** deletes the Job and its Attempts that long after it finished: the TTL
+  controller's (:mod:`nodus_scheduler.expiring`), not this one's.
 
 A distributed Job runs each index as a gang (ADR-0016, :mod:`nodus_scheduler.ganging`): N member Attempts
 placed together or not at all, in one network class; torn down and placed again when they do not all start
@@ -46,18 +48,19 @@ import logging
 import math
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
 import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_kit import messaging, tracing
+from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.errors import NotFound, TemporaryError
 from nodus_kit.eventing import publish_event
+from nodus_kit.keying import Event
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.assigning import start_message, with_gang
 from nodus_scheduler.binding import Binder, Choice, Demand
-from nodus_scheduler.caching import Cache, JobKey, cancel_all, job_key
 from nodus_scheduler.capacity import UNREACHABLE_GRACE, CapacityIndex
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.funding import FundingView
@@ -93,6 +96,7 @@ from nodus_scheduler.ruling import (
     summarize,
     summarize_gangs,
 )
+from nodus_scheduler.viewing import JobKey, World
 from nodus_schema.attempts import (
     ATTEMPT_TERMINAL,
     GANG_LABEL,
@@ -109,7 +113,7 @@ from nodus_schema.attempts import (
 from nodus_schema.billing import FUNDING_REASONS
 from nodus_schema.catalog import Catalog
 from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
-from nodus_schema.messages import StopAttempt
+from nodus_schema.messages import StopAttempt, StopReason
 from nodus_schema.meta import (
     ObjectMeta,
     OwnerReference,
@@ -123,9 +127,7 @@ __all__ = ["JOB_LABEL", "Lifecycle"]
 
 log = logging.getLogger(__name__)
 SYNC_WAIT_S: Final = 10.0
-"""How long a reconcile waits for the cache's first list before it is retried later."""
-NODE_CHECK_S: Final = 2.0
-"""How often the node monitor looks for nodes whose heartbeats stopped."""
+"""How long a reconcile waits for the informers' first lists before it is retried later."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -134,37 +136,45 @@ NODE_CHECK_S: Final = 2.0
 
 
 class Lifecycle:
+    """The Job lifecycle controller's reconcile, and the binder it feeds.
+
+    ``world``: the scheduler's informers (its reads); ``requeue(key, delay_s)``: look at a Job again (the
+    binder's verdicts and billing's retries come from outside the informers)."""
+
     def __init__(
-        self, nc: NATS, catalog: Catalog, *, funding: bool = True, gone_after: timedelta = UNREACHABLE_GRACE
+        self,
+        nc: NATS,
+        catalog: Catalog,
+        world: World,
+        *,
+        requeue: Callable[[JobKey, float], None] = lambda key, delay_s: None,
+        gone_after: timedelta = UNREACHABLE_GRACE,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.jobs = ObjectStore(nc, "jobs", Job)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
-        self.nodes = ObjectStore(nc, "nodes", Node)
         self.catalog = catalog
-        self.cache = Cache(self.nodes, self.attempts)
-        # Free and busy nodes by offering group, kept in step with the cache (see _on_change): placement
-        # judges each group once instead of every node (capacity.py, ADR-0014); gone nodes leave (ADR-0035).
+        self.world = world
+        self.requeue = requeue
+        # Free and busy nodes by offering group, kept in step with the informers (see _on_attempt and
+        # _on_node): placement judges each group once instead of every node (capacity.py, ADR-0014); gone
+        # nodes leave (ADR-0035).
         self.capacity = CapacityIndex(unreachable=gone_after)
+        self.funding = FundingView(nc, world.funding, requeue=requeue)
         self.binder = Binder(
-            self.cache,
+            world,
             self.attempts,
             self._choose,
             self._assign,
             release=self._release,
             abandon=self._abandon,
-            on_bound=self._requeue,
+            fund=self._fund,
+            on_bound=lambda key: requeue(key, 0.0),
         )
-        self.funding = FundingView(nc, enabled=funding)
-        self.funding.on_change = self._requeue
-        self.funding.retry = self._requeue
-        self.binder.fund = self._fund
-        self.requeue: Callable[[JobKey], None] = lambda key: None
-        """Set by the service: put a Job in the controller's work queue."""
-        self.cache.hooks.append(self._on_change)
+        world.attempts.add_handler(self._on_attempt)
+        world.nodes.add_handler(self._on_node)
         self._tasks: list[asyncio.Task[None]] = []
-        self._not_ready: set[str] = set()
 
     @property
     def waiting(self) -> set[JobKey]:
@@ -173,37 +183,23 @@ class Lifecycle:
 
     # -- running -------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start leading: the cache (if not yet following the store), the binder and the node monitor."""
-        if not self.cache.following:
-            await self.cache.start()
-        await self.funding.start()
-        self._tasks = [
-            asyncio.create_task(self.binder.run(), name="scheduler:binder"),
-            asyncio.create_task(self._monitor_nodes(), name="scheduler:nodes"),
-        ]
+        """Start leading: the binder (the informers are the service's, on every replica)."""
+        self._tasks = [asyncio.create_task(self.binder.run(), name="scheduler:binder")]
 
     async def stop_leading(self) -> None:
-        await self.funding.stop()
-        await cancel_all(self._tasks)
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         self.binder.line.clear()  # the next leader (maybe this one again) builds the line anew
 
-    async def stop(self) -> None:
-        await self.stop_leading()
-        await self.cache.stop()
+    def _on_attempt(self, event: Event[Attempt]) -> None:
+        self._release(event.object.spec.node)
 
-    def _requeue(self, key: JobKey) -> None:
-        self.requeue(key)
-
-    def _on_change(self, kind: str, obj: Any) -> None:
-        if kind == "Attempt":
-            self._release(obj.spec.node)
-            self.requeue(job_key(obj))
-            return
-        name = obj.metadata.name or ""
+    def _on_node(self, event: Event[Node]) -> None:
+        name = event.object.metadata.name or ""
+        node = self.world.node(name)
         before = self.capacity.node(name), self.capacity.is_ready(name)
-        if name in self.cache.nodes:
-            self.capacity.upsert(self.cache.nodes[name])
+        if node is not None:
+            self.capacity.upsert(node)
         else:
             self.capacity.remove(name)
         after = self.capacity.node(name), self.capacity.is_ready(name)
@@ -214,53 +210,31 @@ class Lifecycle:
 
     def _release(self, node: str) -> None:
         """The node is as busy as the store says: busy while it has an unfinished Attempt."""
-        if self.cache.active_on[node] > 0:
+        if self.world.active_on(node) > 0:
             self.capacity.mark_busy(node)
         else:
             self.capacity.mark_free(node)
 
-    async def _monitor_nodes(self) -> None:
-        """Nodes whose heartbeats stopped: their runs are reconciled (and marked Lost) without waiting for
-        the resync, since a missed heartbeat is no event of its own."""
-        await self.cache.synced.wait()
-        while True:
-            now = datetime.now(UTC)
-            dead = {name for name, node in self.cache.nodes.items() if not alive(node, now)}
-            for name in dead - self._not_ready:
-                await self._mark_not_ready(name)
-                for a in list(self.cache.attempts.values()):
-                    if a.spec.node == name and a.status.phase not in ATTEMPT_TERMINAL:
-                        self.requeue(job_key(a))
-            self._not_ready = dead
-            await asyncio.sleep(NODE_CHECK_S)
-
-    async def _mark_not_ready(self, name: str) -> None:
-        """A missed heartbeat makes the node NotReady (its agent sets it Ready again when it beats)."""
-
-        def change(node: Node) -> Node | None:
-            if node.status.phase == "NotReady":
-                return None
-            return msgspec.structs.replace(
-                node, status=msgspec.structs.replace(node.status, phase="NotReady")
-            )
-
-        with contextlib.suppress(Exception):  # the node may be gone, or its agent may have just beaten
-            self.cache.apply(await self.nodes.mutate(None, name, change))
+    def settled(self, job: Job) -> bool:
+        """A Job with nothing to do until it changes: finished, or suspended (by its spec or billing's block),
+        with no run still going. The controller's resync skips it, so stored history costs nothing."""
+        phase = job.status.phase
+        if phase not in TERMINAL_PHASES and not (
+            phase == "Suspended" and (job.spec.state == "Suspended" or self.funding.blocked(job) is not None)
+        ):
+            return False
+        key = (job.metadata.namespace or "", job.metadata.name or "")
+        return all(a.status.phase in ATTEMPT_TERMINAL for a in self.world.attempts_of(key))
 
     # -- reconcile -----------------------------------------------------------------------------------
     async def reconcile(self, key: tuple[str, str]) -> float | None:
-        if not self.cache.synced.is_set():
-            try:
-                await asyncio.wait_for(self.cache.synced.wait(), SYNC_WAIT_S)
-            except TimeoutError:
-                raise TemporaryError("the cache has not listed the store yet", delay=1.0) from None
-        ns, name = key
-        named = self.cache.attempts_of(key)
-        try:
-            job = await self.jobs.get(ns, name)
-        except NotFound:
+        if not self.world.synced and not await self.world.wait_synced(SYNC_WAIT_S):
+            raise TemporaryError("the informers have not listed the store yet", delay=1.0)
+        named = self.world.attempts_of(key)
+        job = self.world.jobs.get(*key)
+        if job is None:
             # The Job was deleted (or its Sweep was): nothing of it may keep running.
-            await self._stop(named, "JobDeleted")
+            await self._stop(named, StopReason.JOB_DELETED)
             self.binder.drop(key)
             return None
         # A child of the Job's create, whatever event or resync brought it here (ADR-0032).
@@ -274,14 +248,16 @@ class Lifecycle:
         uid = job.metadata.uid
         attempts = [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) == uid]
         # Leftovers of an earlier Job of the same name: stop them, never count them.
-        await self._stop([a for a in named if a.metadata.labels.get(JOB_UID_LABEL) != uid], "JobDeleted")
+        await self._stop(
+            [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) != uid], StopReason.JOB_DELETED
+        )
         if job.status.phase in TERMINAL_PHASES:
             self.binder.drop(key)
-            await self._stop(attempts, "JobFinished")
-            return await self._expire(job)
+            await self._stop(attempts, StopReason.JOB_FINISHED)
+            return None  # ttlSecondsAfterFinished is the TTL controller's (expiring.py)
         now = datetime.now(UTC)
         if await self._mark_lost(attempts, now):
-            attempts = [a for a in self.cache.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+            attempts = [a for a in self.world.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid]
         block = self.funding.blocked(job)
         halt = halt_reason(job, now, block)
         if halt:
@@ -293,7 +269,7 @@ class Lifecycle:
         else:
             if await self._tend_gangs(job, shape, attempts, now, halted=halt is not None):
                 attempts = [
-                    a for a in self.cache.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid
+                    a for a in self.world.attempts_of(key) if a.metadata.labels.get(JOB_UID_LABEL) == uid
                 ]
             view = summarize_gangs(attempts, shape, min_progress_of(job))
         await self._reassign_stuck(job, view, now)
@@ -364,13 +340,13 @@ class Lifecycle:
                 for a in live:
                     await self._end(a, ASSEMBLY_TIMEOUT)
                 changed = True
-                await self._stop(live, ASSEMBLY_TIMEOUT)
+                await self._stop(live, StopReason.ASSEMBLY_TIMEOUT)
                 message = (
                     f"gang attempt {g.name}: {g.started}/{g.size} members started within startupTimeout "
                     f"{shape.startup_timeout}; stopping it to place it again"
                 )
             else:
-                await self._stop(live, trouble)
+                await self._stop(live, StopReason.GANG_RESTART)
                 message = f"gang attempt {g.name}: {g.describe()}; stopping the gang to start it again"
             await publish_event(
                 self.nc, job, trouble, message, severity="Warning", once=f"{g.name}:{trouble}"
@@ -388,7 +364,9 @@ class Lifecycle:
             )
 
         with contextlib.suppress(NotFound):
-            self.cache.apply(await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", change))
+            self.world.attempts.apply(
+                await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", change)
+            )
 
     async def _abandon(self, a: Attempt) -> None:
         """Finish a member of a gang attempt that was never created whole: it was never assigned, so it
@@ -410,15 +388,17 @@ class Lifecycle:
             )
 
         with contextlib.suppress(NotFound):
-            self.cache.apply(await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", change))
+            self.world.attempts.apply(
+                await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", change)
+            )
 
     def _gang_of(self, job: Job, index: int, number: int) -> GangAttempt | None:
-        """Gang attempt ``number`` of ``index``, as the cache holds it."""
+        """Gang attempt ``number`` of ``index``, as the informer holds it."""
         meta = job.metadata
         key = (meta.namespace or "", meta.name or "")
         mine = [
             a
-            for a in self.cache.attempts_of(key)
+            for a in self.world.attempts_of(key)
             if a.metadata.labels.get(JOB_UID_LABEL) == meta.uid and a.spec.index == index
         ]
         shape = shape_of(job.spec)
@@ -432,7 +412,7 @@ class Lifecycle:
         key = (meta.namespace or "", meta.name or "")
         mine = [
             a
-            for a in self.cache.attempts_of(key)
+            for a in self.world.attempts_of(key)
             if a.metadata.labels.get(JOB_UID_LABEL) == meta.uid and a.spec.index == attempt.spec.index
         ]
         earlier = [
@@ -457,8 +437,8 @@ class Lifecycle:
             return choice.message
         self.capacity.mark_busy(choice.node.metadata.name or "")  # reserved until created or released
         meta = job.metadata
-        previous = self.cache.attempts.get(
-            (meta.namespace or "", attempt_name(meta.name or "", meta.uid or "", index, attempt_no - 1))
+        previous = self.world.attempt(
+            meta.namespace, attempt_name(meta.name or "", meta.uid or "", index, attempt_no - 1)
         )
         name = attempt_name(meta.name or "", meta.uid or "", index, attempt_no)
         return Choice(
@@ -580,7 +560,9 @@ class Lifecycle:
         timeout = None if left is None else max(1, math.ceil(left))
         continuity = continuity_of(job)
         gang = attempt.spec.rank is not None
-        previous = self._gang_restore(job, attempt) if gang else previous_run(self.cache, attempt)
+        previous = (
+            self._gang_restore(job, attempt) if gang else previous_run(self.world.attempts.get, attempt)
+        )
         restore = previous if continuity in ("Checkpointed", "Restartable") else None
         message = start_message(job, attempt, timeout=timeout, continuity=continuity, restore_from=restore)
         if gang:
@@ -608,7 +590,7 @@ class Lifecycle:
                 f"({attempt.spec.offering})",
             )
 
-    async def _stop(self, attempts: list[Attempt], reason: str, *, checkpoint: bool = False) -> None:
+    async def _stop(self, attempts: list[Attempt], reason: StopReason, *, checkpoint: bool = False) -> None:
         for a in attempts:
             if a.status.phase in ATTEMPT_TERMINAL:
                 continue
@@ -632,39 +614,20 @@ class Lifecycle:
         for a in attempts:
             if a.status.phase in ATTEMPT_TERMINAL:
                 continue
-            node = self.cache.nodes.get(a.spec.node)
+            node = self.world.node(a.spec.node)
             if node is not None and alive(node, now):
                 continue
             try:
                 lost = await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", lost_on(node))
             except NotFound:
                 continue
-            self.cache.apply(lost)
+            self.world.attempts.apply(lost)
             marked = True
-            await self._stop([a], "NodeLost")
+            await self._stop([a], StopReason.NODE_LOST)
             await publish_event(
                 self.nc, lost, "NodeLost", f"node {a.spec.node} stopped heartbeating", severity="Warning"
             )
         return marked
-
-    async def _expire(self, job: Job) -> float | None:
-        """ttlSecondsAfterFinished: delete the finished Job and its Attempts once it has passed."""
-        ttl, done = job.spec.ttl_seconds_after_finished, job.status.completion_time
-        if ttl is None or not done:
-            return None
-        left = (parse_time(done) + timedelta(seconds=ttl) - datetime.now(UTC)).total_seconds()
-        if left > 0:
-            return left
-        key = (job.metadata.namespace or "", job.metadata.name or "")
-        for a in self.cache.attempts_of(key):
-            with contextlib.suppress(NotFound):
-                await self.attempts.delete(a.metadata.namespace, a.metadata.name or "")
-        with contextlib.suppress(NotFound):
-            await self.jobs.delete(job.metadata.namespace, job.metadata.name or "")
-        await publish_event(
-            self.nc, job, "Expired", f"deleted {ttl}s after it finished (ttlSecondsAfterFinished)"
-        )
-        return None
 
     # -- status --------------------------------------------------------------------------------------
     async def _write_status(self, job: Job, status: JobStatus) -> None:
@@ -695,4 +658,6 @@ class Lifecycle:
             return msgspec.structs.replace(current, status=merged)
 
         with contextlib.suppress(NotFound):
-            await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+            self.world.jobs.apply(
+                await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+            )

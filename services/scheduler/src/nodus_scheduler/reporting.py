@@ -8,10 +8,10 @@ import asyncio
 import msgspec
 
 from nodus_kit.errors import Conflict, NotFound
+from nodus_kit.informing import Informer
 from nodus_kit.messaging import Delivery
 from nodus_kit.storing import ObjectStore
 from nodus_kit.vouching import REPORT_PREFIX, Forgeries, sender
-from nodus_scheduler.caching import Cache
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.messages import (
     AttemptCheckpointed,
@@ -32,9 +32,9 @@ FINISH_PHASE = {
 
 
 class Reports:
-    """``cache``: the scheduler's view of the Attempts (caching.Cache). A report is applied to the cached
-    Attempt and written with compare-and-set on its revision: one write instead of a read and a write.
-    A stale view loses the compare-and-set and the report is applied again to a fresh read.
+    """``view``: the scheduler's informer of the Attempts (viewing.World.attempts). A report is applied to
+    the Attempt it holds and written with compare-and-set on its revision: one write instead of a read and
+    a write. A stale view loses the compare-and-set and the report is applied again to a fresh read.
 
     Reports of one Attempt are handled one at a time, in the order they were delivered (the consumer
     runs a batch concurrently): a short run's Started and Finished arrive together, and applied side by
@@ -46,9 +46,9 @@ class Reports:
     node's agent publish on), the node it names and the Attempt's node agree; any other is dropped and
     counted (nodus_kit.vouching), so one GPU host cannot finish, fail or rate another's runs."""
 
-    def __init__(self, attempts: ObjectStore[Attempt], cache: Cache | None = None) -> None:
+    def __init__(self, attempts: ObjectStore[Attempt], view: Informer[Attempt] | None = None) -> None:
         self.attempts = attempts
-        self.cache = cache
+        self.view = view
         self._turns: dict[tuple[str, str], _Turn] = {}
         self.forgeries = Forgeries("scheduler", "report")
 
@@ -68,7 +68,7 @@ class Reports:
                 del self._turns[key]
 
     async def _apply(self, report: Report, node: str | None) -> None:
-        cached = self.cache.attempts.get((report.namespace, report.attempt)) if self.cache else None
+        cached = self.view.get(report.namespace, report.attempt) if self.view is not None else None
         if cached is not None:
             if not self._genuine(report, node, cached):
                 return
@@ -97,8 +97,8 @@ class Reports:
         return self.forgeries.genuine(node, report.node, a.spec.node, about)
 
     def _seen(self, written: Attempt) -> None:
-        if self.cache is not None:
-            self.cache.apply(written)
+        if self.view is not None:
+            self.view.apply(written)
 
 
 class _Turn:

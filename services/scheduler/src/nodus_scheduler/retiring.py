@@ -1,7 +1,7 @@
 """Retiring nodes: the scheduler deletes the Node records that stopped or killed agents left behind.
 
 An agent that stops says NotReady on its way out; one that is killed just stops heartbeating, and the
-node monitor (:mod:`nodus_scheduler.lifecycle`) marks its node NotReady and its runs Lost after
+node monitor (:mod:`nodus_scheduler.monitoring`) marks its node NotReady and its runs Lost after
 :data:`~nodus_scheduler.capacity.HEARTBEAT_GRACE`. Either way the record stays. Like Kubernetes' node
 lifecycle controller, the scheduler then acts in two steps, each counted from the node's last heartbeat
 (:func:`~nodus_scheduler.capacity.gone_at`):
@@ -12,7 +12,7 @@ lifecycle controller, the scheduler then acts in two steps, each counted from th
 * past ``NODUS_NODE_DELETE_AFTER_S`` (default 86400 s) this module's :class:`Retirer` deletes its record.
 
 The retirer is a controller of its own, run only by the replica that holds the scheduler's lease
-(``service.py``). Every :func:`check_period` it judges the Nodes of the scheduler's cache. Safe to kill at
+(``service.py``). Every :func:`check_period` it judges the Nodes of the scheduler's informer. Safe to kill at
 any line, and idempotent: it keeps no state, decides from the record alone, and deletes by
 compare-and-set on the revision it judged, so a node whose agent wrote since (a heartbeat, a
 registration) is kept and judged again on the next look; a record already deleted (NotFound) is what was
@@ -34,8 +34,8 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit.errors import Conflict, NotFound
 from nodus_kit.eventing import publish_event
+from nodus_kit.informing import Informer
 from nodus_kit.storing import ObjectStore
-from nodus_scheduler.caching import Cache
 from nodus_scheduler.capacity import UNREACHABLE_GRACE, unreachable
 from nodus_schema.nodes import Node
 
@@ -97,18 +97,18 @@ def check_period(delete_after: timedelta) -> float:
 
 
 class Retirer:
-    """Deletes the Nodes of the cache that have been NotReady for longer than ``delete_after``."""
+    """Deletes the Nodes of the informer ``view`` that have been NotReady for longer than ``delete_after``."""
 
     def __init__(
         self,
         nc: NATS,
         nodes: ObjectStore[Node],
-        cache: Cache,
+        view: Informer[Node],
         *,
         delete_after: timedelta = DELETE_AFTER,
         check_s: float | None = None,
     ) -> None:
-        self.nc, self.nodes, self.cache = nc, nodes, cache
+        self.nc, self.nodes, self.view = nc, nodes, view
         self.delete_after = delete_after
         self.check_s = check_period(delete_after) if check_s is None else check_s
         self.deleted = 0
@@ -117,7 +117,7 @@ class Retirer:
     async def run(self) -> None:
         """Look every ``check_s`` until cancelled (the leader stops leading); a failed look is logged and the
         next one tries again."""
-        await self.cache.synced.wait()
+        await self.view.synced.wait()
         while True:
             try:
                 await self.sweep()
@@ -126,10 +126,10 @@ class Retirer:
             await asyncio.sleep(self.check_s)
 
     async def sweep(self, now: datetime | None = None) -> list[str]:
-        """Delete every node of the cache NotReady for longer than ``delete_after`` at ``now``; the names of
+        """Delete every node of the view NotReady for longer than ``delete_after`` at ``now``; the names of
         those this call deleted."""
         now = now or datetime.now(UTC)
-        due = [n for n in list(self.cache.nodes.values()) if unreachable(n, now, self.delete_after)]
+        due = [n for n in self.view if unreachable(n, now, self.delete_after)]
         return [n.metadata.name or "" for n in due if await self.retire(n)]
 
     async def retire(self, node: Node) -> bool:
@@ -144,7 +144,7 @@ class Retirer:
             return False  # deleted already (by an operator, or by this retirer before a crash)
         except Conflict:
             return False  # its agent wrote since the judgement: kept, and judged again next time
-        self.cache.apply(deleted, deleted=True)  # placement forgets it now, not at the watch's event
+        self.view.apply(deleted, deleted=True)  # placement forgets it now, not at the watch's event
         self.deleted += 1
         since = node.status.last_heartbeat_time or meta.creation_timestamp or "its creation"
         seconds = f"{self.delete_after.total_seconds():g}"

@@ -15,7 +15,6 @@ from typing import Final
 
 import msgspec
 
-from nodus_scheduler.caching import Cache
 from nodus_scheduler.cataloging import catalog_for, pin_pricebook
 from nodus_scheduler.ganging import (
     ABANDON_AFTER_S,
@@ -33,6 +32,7 @@ from nodus_schema.attempts import (
 from nodus_schema.billing import Block
 from nodus_schema.catalog import Catalog
 from nodus_schema.jobs import TERMINAL_PHASES, Job, JobStatus
+from nodus_schema.messages import StopReason
 from nodus_schema.meta import (
     Condition,
     find_condition,
@@ -195,13 +195,18 @@ def deadline_left(job: Job, now: datetime) -> float | None:
     return total - (until - parse_time(job.status.start_time)).total_seconds()
 
 
-def halt_reason(job: Job, now: datetime, block: Block | None = None) -> str | None:
-    if job.spec.state in ("Cancelled", "Suspended"):
-        return job.spec.state
+def halt_reason(job: Job, now: datetime, block: Block | None = None) -> StopReason | None:
+    """Why the Job's runs must stop now (the reason its StopAttempts carry), or None."""
+    if job.spec.state == "Cancelled":
+        return StopReason.CANCELLED
+    if job.spec.state == "Suspended":
+        return StopReason.SUSPENDED
     if block is not None:
-        return block.reason  # billing will not fund it: suspended (with a checkpoint) until it will
+        # Billing will not fund it: suspended (with a checkpoint) until it will. Its codes are
+        # FUNDING_REASONS, each a StopReason of the same name.
+        return StopReason(block.reason)
     left = deadline_left(job, now)
-    return "DeadlineExceeded" if left is not None and left <= 0 else None
+    return StopReason.DEADLINE_EXCEEDED if left is not None and left <= 0 else None
 
 
 def track_suspension(
@@ -409,13 +414,13 @@ def as_lost(a: Attempt, heartbeat_ms: int | None = None) -> Attempt | None:
     )
 
 
-def previous_run(cache: Cache, attempt: Attempt) -> str | None:
+def previous_run(lookup: Callable[[str | None, str], Attempt | None], attempt: Attempt) -> str | None:
     """The run this one continues: the index's previous Attempt, if it ever started."""
     if attempt.spec.attempt <= 1:
         return None
     meta = attempt.metadata
     name = (meta.name or "").rsplit("-a", 1)[0] + f"-a{attempt.spec.attempt - 1}"
-    prev = cache.attempts.get((meta.namespace or "", name))
+    prev = lookup(meta.namespace, name)
     return name if prev is not None and prev.status.start_time else None
 
 

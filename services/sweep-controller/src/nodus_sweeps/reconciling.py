@@ -1,8 +1,10 @@
 """The Sweep reconciler: cells Jobs in, cell table and best cells out.
 
 Level-triggered and safe to kill at any line: it derives everything from the Sweep and the Jobs it
-controls (read from an informer, :mod:`nodus_sweeps.caching`), creates the next missing cells
-(AlreadyExists is success when the Job found is its own), and writes the status only when it changed.
+controls, both read from the process's informers (:mod:`nodus_kit.informing`; the cell rules are in
+:mod:`nodus_sweeps.cells`), creates the next missing cells (AlreadyExists is success when the Job found is
+its own), and writes the status only when it changed. What it writes it hands to the informers at once
+(write-through), so its next pass sees it before the watch delivers it.
 
 Ownership is Kubernetes' ControllerRef, never labels (ADR-0007): the Sweep acts only on the Jobs named as
 its cells whose controller ownerReference carries its uid, for everything (counting, the rows, the best
@@ -14,10 +16,9 @@ go on, and once the Job is gone the cell is created (docs/sweeps.md, "Cells and 
 What a pass costs is kept small for Sweeps of a thousand cells, whose status is ~140 kB (issue #8's
 200 cells/s, bench/sweeps_bench.py):
 
-* the Sweep is read from what the controller's own watch already decoded (:meth:`SweepReconciler.seen`),
-  newest revision wins, and the status is written by compare-and-set on that revision; only a Sweep
-  the view has not seen yet is read from the store (so a cell's event for a Sweep the watch has not
-  delivered yet is never taken for a deleted Sweep);
+* the Sweep is the one the sweeps informer holds, and the status is written by compare-and-set on its
+  revision; only a Sweep the informer does not hold is read from the store (so a cell's event for a Sweep
+  the watch has not delivered yet is never taken for a deleted Sweep);
 * the cells of a generation are expanded once, and a row is built again only when its Job changed;
 * a status whose phase, reason and conditions did not change (only rows, counts, costs) is written at
   most every :data:`WRITE_INTERVAL_S` per Sweep: a pass within it asks to run again when it ends;
@@ -28,7 +29,7 @@ What a pass costs is kept small for Sweeps of a thousand cells, whose status is 
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ from nats.aio.client import Client as NATS
 from nodus_kit import measuring, tracing
 from nodus_kit.errors import AlreadyExists, Conflict, NotFound, TemporaryError
 from nodus_kit.eventing import publish_event
-from nodus_kit.storing import Event, ObjectStore
+from nodus_kit.informing import Informer, key_of
+from nodus_kit.keying import Event
 from nodus_schema.costs import Cost, CostSegments, Estimate
 from nodus_schema.defaulting import default_job
 from nodus_schema.estimating import RATE_CEILING_ANNOTATION
@@ -50,7 +52,17 @@ from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import Condition, now_rfc3339, set_condition
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.sweeps import Sweep, SweepBest, SweepCell, SweepStatus
-from nodus_sweeps.caching import CellIndex, controlled_by, controller_of
+from nodus_sweeps import cells as rules
+from nodus_sweeps.cells import (
+    NAME_TAKEN,
+    controlled_by,
+    controller_of,
+    cost_final,
+    taken_condition,
+    taken_fix,
+    taken_sentence,
+    taken_summary,
+)
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_PARALLEL = 4
@@ -61,79 +73,72 @@ PASS_INTERVAL_S = 0.025
 """The least time between the starts of two passes over one Sweep (a freed slot waits at most this)."""
 STOP_EARLY_ANNOTATION = "nodus.dev/stop-early"
 """``"true"``: start no more cells while the projected cost to finish exceeds what is left under the cap."""
-NAME_TAKEN = "CellNameTaken"
-"""The reason (and condition type) of a Sweep one of whose cells' names is held by a Job it does not own."""
-LISTED = 10
-"""Cells named in a message at most."""
 
 Key = tuple[str, str]
 
 
-def _rv(obj: Any) -> int:
-    rv = obj.metadata.resource_version
-    return int(rv) if rv else 0
-
-
 class SweepReconciler:
-    def __init__(self, nc: NATS) -> None:
-        self.sweeps = ObjectStore(nc, "sweeps", Sweep)
-        self.jobs = ObjectStore(nc, "jobs", Job)
+    """Reconciles one Sweep per call from the sweeps informer and the jobs informer (indexed by
+    :func:`~nodus_sweeps.cells.by_slot` and :func:`~nodus_sweeps.cells.by_cell`), which the service
+    declares and starts."""
+
+    def __init__(self, nc: NATS, sweeps: Informer[Sweep], jobs: Informer[Job]) -> None:
         self.nc = nc
-        self.cells = CellIndex(self.jobs)
-        self._seen: dict[Key, Sweep] = {}
-        self._gone: dict[Key, int] = {}  # the revision each deleted Sweep was deleted at
+        self.sweeps = sweeps
+        self.jobs = jobs
         self._gone_uid: dict[Key, str] = {}  # the uid of each Sweep seen deleted (whose cells go)
         self._announced: dict[Key, set[tuple[str, int, str]]] = {}  # (Sweep uid, index, holder uid) told
-        # A Job with a cell's name but no claim to a Sweep wakes only a Sweep the view holds.
-        self.cells.interest = lambda key: key in self._seen
-        self._expanded: dict[Key, tuple[str | None, int | None, list[Cell]]] = {}
+        self._expanded: dict[Key, tuple[str | None, int | None, list[Cell], list[str]]] = {}
         self._rows: dict[Key, dict[int, tuple[str | None, SweepCell]]] = {}
         self._written: dict[Key, float] = {}  # monotonic time of the last status write
         self._passed: dict[Key, float] = {}  # monotonic time the last pass began
+        sweeps.add_handler(self._on_sweep)
 
-    def reset(self) -> None:
-        """Drop every view (a replica that wins the lease again must not trust what it saw before)."""
-        self._seen.clear()
-        self._gone.clear()
-        self._gone_uid.clear()
-        self._announced.clear()
-        self._expanded.clear()
-        self._rows.clear()
-        self._written.clear()
-        self._passed.clear()
-
-    def seen(self, event: Event[Sweep]) -> list[Key]:
-        """The controller's watch mapper: keep the newest Sweep it decoded, then queue its key."""
-        sweep = event.object
-        key = (sweep.metadata.namespace or "", sweep.metadata.name or "")
-        self._keep(key, sweep, deleted=event.type == "DELETED")
-        return [key]
-
-    def _keep(self, key: Key, sweep: Sweep, *, deleted: bool = False) -> None:
-        rv = _rv(sweep)
-        held = self._seen.get(key)
-        if (held is not None and _rv(held) > rv) or self._gone.get(key, -1) > rv:
-            return
-        if deleted:
-            self._seen.pop(key, None)
-            self._gone[key] = rv
-            if sweep.metadata.uid:
-                self._gone_uid[key] = sweep.metadata.uid
-        else:
-            self._seen[key] = sweep
-            self._gone.pop(key, None)
+    def _on_sweep(self, event: Event[Sweep]) -> None:
+        """Remember the uid of a Sweep seen deleted (a relist's synthesised DELETED included): its cells
+        are collected by uid, so that none of a Sweep created again under the name is."""
+        key, uid = key_of(event.object), event.object.metadata.uid
+        if event.type != "DELETED":
             self._gone_uid.pop(key, None)
+        elif uid:
+            self._gone_uid[key] = uid
+
+    def deleted_uid(self, key: Key) -> str | None:
+        """The uid of the Sweep ``key`` this process saw deleted (None: it did not see a delete)."""
+        return self._gone_uid.get(key)
+
+    def wakes(self, event: Event[Job]) -> list[Key]:
+        """The controller's mapper of Job changes: a Job with a cell's name wakes that Sweep if it claims a
+        Sweep (label, ownerReference), or if the Sweep is one the sweeps informer holds (a user's Job
+        holding a cell's name, whose delete frees it); other Jobs, however named, wake nothing."""
+        job = event.object
+        slot = rules.slot_of(job.metadata.name or "")
+        if slot is None:
+            return []
+        key = (job.metadata.namespace or "", slot[0])
+        return [key] if rules.related(job) or self.sweeps.get(*key) is not None else []
+
+    def settled(self, sweep: Sweep) -> bool:
+        """The controller's ``settled``: nothing left to do (:func:`nodus_sweeps.cells.settled`)."""
+        return rules.settled(sweep, self.jobs)
+
+    async def _synced(self) -> None:
+        """A pass works from both views only once their first lists are in: a restarted controller must
+        never create a cell the store already holds because it has not read it yet."""
+        for informer in (self.sweeps, self.jobs):
+            if not informer.synced.is_set() and not await informer.wait_synced(SYNC_WAIT_S):
+                raise TemporaryError(f"the {informer.name} informer has not listed yet", delay=1.0)
 
     async def _sweep(self, key: Key) -> Sweep:
-        held = self._seen.get(key)
+        held = self.sweeps.get(*key)
         if held is not None:
             return held
-        sweep = await self.sweeps.get(*key)  # NotFound: deleted (or never there)
-        self._keep(key, sweep)
+        # Not in the view: deleted, or not delivered yet (a cell's event may come first); the store says.
+        sweep = await self.sweeps.store.get(*key)  # NotFound: deleted (or never there)
+        self.sweeps.apply(sweep)
         return sweep
 
     def _forget(self, key: Key) -> None:
-        self._seen.pop(key, None)
         self._announced.pop(key, None)
         self._expanded.pop(key, None)
         self._rows.pop(key, None)
@@ -142,11 +147,7 @@ class SweepReconciler:
 
     async def reconcile(self, key: tuple[str, str]) -> float | None:
         ns, name = key
-        if not self.cells.synced.is_set():
-            try:
-                await asyncio.wait_for(self.cells.synced.wait(), SYNC_WAIT_S)
-            except TimeoutError:
-                raise TemporaryError("the cell index has not listed the jobs yet", delay=1.0) from None
+        await self._synced()
         now = time.monotonic()
         wait = self._passed.get(key, 0.0) + PASS_INTERVAL_S - now
         if wait > 0:
@@ -156,19 +157,19 @@ class SweepReconciler:
             sweep = await self._sweep(key)
         except NotFound:
             self._forget(key)
-            await self._collect(ns, name, self._gone_uid.get(key), self.cells.dependents(key))
+            await self._collect(ns, name, self.deleted_uid(key), rules.dependents(self.jobs, key))
             return None
         # A child of the Sweep's create, whatever event brought it here; its cells carry it on (ADR-0032).
         with tracing.object_span("reconcile Sweep", sweep):
             return await self._reconcile(key, sweep)
 
     async def _reconcile(self, key: Key, sweep: Sweep) -> float | None:
-        cells = self._cells(key, sweep)
+        cells, names = self._cells(key, sweep)
         uid = sweep.metadata.uid
         # Only the matrix's cells: a Job with a name past the last index is no cell, whoever owns it.
-        all_owned, all_taken = self.cells.owned(key, uid), self.cells.taken(key, uid)
-        owned = {c.index: all_owned[c.index] for c in cells if c.index in all_owned}
-        taken = {c.index: all_taken[c.index] for c in cells if c.index in all_taken}
+        all_owned, all_taken = rules.owned(self.jobs, key, uid), rules.taken(self.jobs, key, uid)
+        owned = {c.index: all_owned[n] for c, n in zip(cells, names, strict=True) if n in all_owned}
+        taken = {c.index: all_taken[n] for c, n in zip(cells, names, strict=True) if n in all_taken}
         await self._propagate_state(sweep, owned)
         outlook = project(sweep, len(cells) - len(taken), owned)
         if not (outlook is not None and outlook.over and stops_early(sweep)):
@@ -199,16 +200,18 @@ class SweepReconciler:
             )
         self._announced[key] = now  # a name taken again later is told again
 
-    def _cells(self, key: Key, sweep: Sweep) -> list[Cell]:
-        """The Sweep's cells, expanded once per generation (a spec change is a new generation)."""
+    def _cells(self, key: Key, sweep: Sweep) -> tuple[list[Cell], list[str]]:
+        """The Sweep's cells and their Jobs' names, expanded once per generation (a spec change is a new
+        generation)."""
         uid, generation = sweep.metadata.uid, sweep.metadata.generation
         held = self._expanded.get(key)
         if held is not None and held[0] == uid and held[1] == generation:
-            return held[2]
+            return held[2], held[3]
         cells = expand(sweep)
-        self._expanded[key] = (uid, generation, cells)
+        names = [cell_job_name(sweep.metadata.name or "", c.index) for c in cells]
+        self._expanded[key] = (uid, generation, cells, names)
         self._rows.pop(key, None)  # rows carry the cell's matrix values
-        return cells
+        return cells, names
 
     async def _collect(self, ns: str, name: str, uid: str | None, cell_jobs: list[Job]) -> None:
         """The Sweep is gone: its cells go too (ownerReferences, as Kubernetes' garbage collector does).
@@ -223,7 +226,7 @@ class SweepReconciler:
             if ref is None or ref.kind != "Sweep" or ref.name != name or (uid and ref.uid != uid):
                 continue
             try:
-                self.cells.apply(await self.jobs.delete(ns, job.metadata.name or ""), deleted=True)
+                self.jobs.apply(await self.jobs.store.delete(ns, job.metadata.name or ""), deleted=True)
             except NotFound:
                 pass
 
@@ -242,8 +245,8 @@ class SweepReconciler:
                 )
 
             try:
-                self.cells.apply(
-                    await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+                self.jobs.apply(
+                    await self.jobs.store.mutate(job.metadata.namespace, job.metadata.name or "", change)
                 )
             except NotFound:
                 pass
@@ -266,14 +269,14 @@ class SweepReconciler:
             try:
                 # Defaulted as a Job the gateway admitted would be (the GPU request of the cell included).
                 job = tracing.stamp(_bound(sweep, default_job(cell_job(sweep, cell))))
-                owned[cell.index] = await self.jobs.create(job)
-                self.cells.apply(owned[cell.index])  # write-through: the next pass counts it
+                owned[cell.index] = await self.jobs.store.create(job)
+                self.jobs.apply(owned[cell.index])  # write-through: the next pass counts it
                 measuring.SWEEP_CELLS_CREATED.inc()
                 log.info("cell created", extra={"sweep": sweep.metadata.name, "cell": cell.index})
             except AlreadyExists:
                 # Ours (a create the view has not seen yet) or a Job of someone else: never adopted.
                 try:
-                    found = await self.jobs.get(ns, cell_job_name(name, cell.index))
+                    found = await self.jobs.store.get(ns, cell_job_name(name, cell.index))
                 except NotFound:
                     continue  # deleted meanwhile: its event brings the next pass, which creates it
                 if not controlled_by(found, name, uid):
@@ -311,7 +314,7 @@ class SweepReconciler:
         phase, reason, message = _stopped_early(sweep, outlook, owned, phase, reason, message)
         if taken and phase in ("Pending", "Running") and not reason:
             phase, reason, message = phase, NAME_TAKEN, f"{message}; {taken_summary(sweep, taken)}"
-        final = phase in TERMINAL_PHASES and all(_final(owned[r.index]) for r in rows if r.index in owned)
+        final = phase in TERMINAL_PHASES and all(cost_final(owned[r.index]) for r in rows if r.index in owned)
         status = SweepStatus(
             cells=rows,
             best=_best(rows),
@@ -346,7 +349,7 @@ class SweepReconciler:
                 set_condition(status.conditions, again, now=now_rfc3339())
         if outlook is not None:
             set_condition(status.conditions, outlook.condition(sweep), now=now_rfc3339())
-        named = _taken_condition(sweep, taken, had=any(c.type == NAME_TAKEN for c in old.conditions))
+        named = taken_condition(sweep, taken, had=any(c.type == NAME_TAKEN for c in old.conditions))
         if named is not None:
             set_condition(status.conditions, named, now=now_rfc3339())
         return status
@@ -360,15 +363,16 @@ class SweepReconciler:
         if wait > 0 and not _urgent(sweep.status, status):
             return wait
         try:
-            written = await self.sweeps.update(msgspec.structs.replace(sweep, status=status))
+            written = await self.sweeps.store.update(msgspec.structs.replace(sweep, status=status))
         except NotFound:
             self._forget(key)
             return None
         except Conflict:
             # Someone (the gateway: a spec change) wrote first: read it again and redo the pass.
-            self._seen.pop(key, None)
+            with contextlib.suppress(NotFound):  # deleted meanwhile: the next pass collects the cells
+                self.sweeps.apply(await self.sweeps.store.get(*key))
             return 0.0
-        self._keep(key, written)
+        self.sweeps.apply(written)  # write-through: the next pass compares with what it wrote
         self._written[key] = time.monotonic()
         return None
 
@@ -412,10 +416,6 @@ def _same(a: SweepStatus, b: SweepStatus) -> bool:
     strip = [msgspec.structs.replace(c, last_transition_time=None) for c in a.conditions]
     strip_b = [msgspec.structs.replace(c, last_transition_time=None) for c in b.conditions]
     return msgspec.structs.replace(a, conditions=strip) == msgspec.structs.replace(b, conditions=strip_b)
-
-
-def _final(job: Job | None) -> bool:
-    return bool(job and job.status.cost and job.status.cost.final)
 
 
 def _cell_row(cell: Cell, job: Job | None, sweeps_gpu: bool, sweeps_region: bool) -> SweepCell:
@@ -537,7 +537,7 @@ def project(sweep: Sweep, total_cells: int, owned: dict[int, Job]) -> Outlook | 
         return None
     cap = usd_to_micros(sweep.spec.max_cost_usd)
     spent = {i: usd_to_micros(j.status.cost.total_usd or "0") for i, j in owned.items() if j.status.cost}
-    done = [i for i, j in owned.items() if j.status.phase in TERMINAL_PHASES and _final(j)]
+    done = [i for i, j in owned.items() if j.status.phase in TERMINAL_PHASES and cost_final(j)]
     if not done:
         return None
     mean = -(-sum(spent[i] for i in done) // len(done))
@@ -604,59 +604,3 @@ def _phase(
     if running or done:
         return "Running", None, f"{len(done)} of {n} cells finished, {running} in progress"
     return "Pending", None, f"{n} cells to run"
-
-
-def taken_sentence(sweep: Sweep, job: Job) -> str:
-    """Who holds a cell's name: ``the Job lr-1 is not this Sweep's (it has no controller)``."""
-    ref = controller_of(job)
-    if ref is None:
-        whose = "it has no controller"
-    elif ref.kind == "Sweep" and ref.name == sweep.metadata.name:
-        whose = f"its controller is the Sweep {ref.name} of uid {ref.uid}, an earlier Sweep of this name"
-    else:
-        whose = f"its controller is the {ref.kind} {ref.name} of uid {ref.uid}"
-    return f"the Job {job.metadata.name} is not this Sweep's ({whose})"
-
-
-def taken_fix(jobs: list[Job]) -> str:
-    """``delete or rename the Job lr-1, or rename the Sweep``."""
-    names = ", ".join(j.metadata.name or "" for j in jobs[:LISTED]) + (", ..." if len(jobs) > LISTED else "")
-    return f"delete or rename the Job{'s' if len(jobs) > 1 else ''} {names}, or rename the Sweep"
-
-
-def taken_summary(sweep: Sweep, taken: dict[int, Job], *, of: int | None = None) -> str:
-    """``1 cell not created, its name taken by a Job this Sweep does not own: #1 (lr-1); delete or rename
-    the Job lr-1, or rename the Sweep`` (``of``: ``1 of 6 cells``)."""
-    order = sorted(taken)
-    k = len(order)
-    which = ", ".join(f"#{i} ({taken[i].metadata.name})" for i in order[:LISTED])
-    more = ", ..." if k > LISTED else ""
-    count = f"{k} of {of} cells" if of is not None else f"{k} cell{'s' if k > 1 else ''}"
-    held = "its name taken by a Job" if k == 1 else "their names taken by Jobs"
-    fix = taken_fix([taken[i] for i in order])
-    return f"{count} not created, {held} this Sweep does not own: {which}{more}; {fix}"
-
-
-def _taken_condition(sweep: Sweep, taken: dict[int, Job], *, had: bool) -> Condition | None:
-    """``CellNameTaken``: True while a cell's name is held by a Job the Sweep does not own (which, and
-    why, in the message); False once none is, for a Sweep that had it; absent on every other Sweep."""
-    if not taken:
-        if not had:
-            return None
-        return Condition(
-            type=NAME_TAKEN,
-            status="False",
-            reason="CellNamesFree",
-            message="every cell's name is free or held by this Sweep's own cell",
-            observed_generation=sweep.metadata.generation,
-        )
-    order = sorted(taken)
-    told = [f"#{i}: {taken_sentence(sweep, taken[i])}" for i in order[:LISTED]]
-    more = f"; and {len(order) - LISTED} more" if len(order) > LISTED else ""
-    return Condition(
-        type=NAME_TAKEN,
-        status="True",
-        reason=NAME_TAKEN,
-        message=f"{'; '.join(told)}{more}; {taken_fix([taken[i] for i in order])}",
-        observed_generation=sweep.metadata.generation,
-    )
