@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 import nats.errors
 from fastapi import APIRouter, FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import iter_route_contexts
+from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp
 
+from nodus_gateway import billingapi, logstreaming, querying
 from nodus_gateway.admin import admin_router
 from nodus_gateway.auth import BearerAuth
 from nodus_gateway.authlimits import AuthFailureLimiter
 from nodus_gateway.billingapi import billing_router
-from nodus_gateway.clusterrouting import cluster_router
+from nodus_gateway.clusterrouting import cluster_routers
 from nodus_gateway.config import MAX_BODY_BYTES
 from nodus_gateway.discovery import discovery_router
-from nodus_gateway.dispatching import GatewayApp, accelerate
+from nodus_gateway.dispatching import DirectLane, ErrorHandler, Parameters, RouteTable
 from nodus_gateway.logstreaming import log_router
 from nodus_gateway.openapi import openapi_router
 from nodus_gateway.principals import Principals
@@ -28,7 +29,7 @@ from nodus_gateway.requesting import RequestContext
 from nodus_gateway.resources import Stores, resource
 from nodus_gateway.responding import ApiError, bus_unavailable, status_response
 from nodus_gateway.resultsapi import results_router
-from nodus_gateway.routing import API_PREFIX, api_router
+from nodus_gateway.routing import API_PREFIX, api_routers
 from nodus_gateway.secreting import secret_router
 from nodus_gateway.system import VERSION, system_router
 from nodus_gateway.tabling import TableResponses
@@ -39,6 +40,18 @@ from nodus_schema import CauseType, FieldError, reason_for_code, status_for
 NOT_FOUND_FIX = (
     f"Resources live under {API_PREFIX}/namespaces/<project>/sweeps and .../jobs; "
     "check the path (or use the nodus CLI)."
+)
+
+
+# FastAPI's own OpenTelemetry (FastAPI(telemetry=...)) is off: the gateway opens the server span of every
+# request itself (requesting.py, ADR-0032), the root of a create's trace; FastAPI's would be a second
+# server span per request, in a trace of its own, and a check of the providers on every request.
+NO_FASTAPI_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+
+# The query parameters and dependencies the direct lane reads (dispatching.Parameters).
+LANE_PARAMETERS: Final = Parameters(
+    queries=(*querying.QUERIES, *logstreaming.QUERIES, *billingapi.QUERIES),
+    dependencies=querying.DEPENDENCIES,
 )
 
 
@@ -57,60 +70,62 @@ def build_app(
     limiter = auth_limiter if auth_limiter is not None else AuthFailureLimiter()
     # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
     # Kubernetes' shape, which the full API serves with discovery.
-    app = GatewayApp(title="Nodus API", version=VERSION, openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="Nodus API",
+        version=VERSION,
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        telemetry=NO_FASTAPI_TELEMETRY,
+    )
+    routers = _routers(stores, ready=ready, max_body_bytes=max_body_bytes, principals=principals)
+    for router in routers:
+        app.include_router(router)
+    handlers = _error_handlers()
+    for cls, handler in handlers.items():
+        app.add_exception_handler(cls, handler)
+    # Same routes, same answers, less of FastAPI's per-request work (dispatching says which and why).
+    # Added first, so innermost: its requests pass every middleware below, as FastAPI's do.
+    table = RouteTable([route for router in routers for route in router.routes], LANE_PARAMETERS)
+    app.state.direct_routes = table  # for the test that every route is on the lane
+    app.add_middleware(DirectLane, table=table, handlers=handlers, owner=app)
+    # Innermost but for the lane: a GET of a resource that asks for a Table (kubectl get) gets its list,
+    # object or watch events as Tables, whichever route wrote them (tabling.TableResponses says why it
+    # is a middleware).
+    app.add_middleware(TableResponses)
+    # Added last runs first: the request context wraps authentication, so a 401 has its request id too.
+    app.add_middleware(BearerAuth, token=admin_token, principals=principals, limiter=limiter)
+    app.add_middleware(WebView)  # /ui/: the web view's static files, outside auth (webview.py says why)
+    app.add_middleware(RequestContext)
+    return app
+
+
+def _routers(
+    stores: Stores,
+    *,
+    ready: Callable[[], bool],
+    max_body_bytes: int,
+    principals: Principals | None,
+) -> list[APIRouter]:
+    """Every router of the app, in the order their routes are matched."""
     routers = [
         system_router(ready),
         discovery_router(),
         openapi_router(),
         # Rows served by modules of their own (resources.Resource.served_by) come before the generic
         # routes, so that theirs answer first on any path both would serve.
-        cluster_router(stores, max_body_bytes=max_body_bytes),
+        *cluster_routers(stores, max_body_bytes=max_body_bytes),
         secret_router(stores, max_body_bytes=max_body_bytes),
         log_router(stores),
         # A Sweep's results (rows, best cells, CSV), read from the Sweep its controller keeps current.
         results_router(stores),
         # Billing's books, asked over the bus on the connection the stores use.
         billing_router(stores[resource("budgets").plural].nc, max_body_bytes=max_body_bytes),
-        api_router(stores, max_body_bytes=max_body_bytes),
+        *api_routers(stores, max_body_bytes=max_body_bytes),
     ]
     if principals is not None:
         routers.append(admin_router(principals, stores, max_body_bytes=max_body_bytes))
-    for router in routers:
-        _include_flat(app, router)
-    _install_error_handlers(app)
-    # Same routes, same answers, less of FastAPI's per-request work (dispatching says which and why).
-    accelerate(app)
-    # Innermost: a GET of a resource that asks for a Table (kubectl get) gets its list, object or watch
-    # events as Tables, whichever route wrote them (tabling.TableResponses says why it is a middleware).
-    app.add_middleware(TableResponses)
-    # Added last runs first: the request context wraps authentication, so a 401 has its request id too.
-    app.add_middleware(BearerAuth, token=admin_token, principals=principals, limiter=limiter)
-    app.add_middleware(WebView)  # /ui/: the web view's static files, outside auth (webview.py says why)
-    app.add_middleware(RequestContext)
-
-    # The lane of routes with direct handlers (dispatching.GatewayApp): the same middlewares, in the
-    # same order, around the handler alone.
-    def wrap(inner: ASGIApp) -> ASGIApp:
-        authenticated = BearerAuth(
-            TableResponses(inner), token=admin_token, principals=principals, limiter=limiter
-        )
-        return RequestContext(WebView(authenticated))  # WebView: a browser's GET / is sent to /ui/
-
-    app.open_lane(wrap)
-    return app
-
-
-def _include_flat(app: FastAPI, router: APIRouter) -> None:
-    """``app.include_router(router)``, with the routes of ``router`` and of the routers it includes added
-    to the app's own list, in the same order.
-
-    FastAPI keeps an included router nested and matches a request through every level of it (with
-    bookkeeping in the scope at each), which cost about a quarter of the gateway's CPU per request. The
-    routers here are included without a prefix, tags or dependencies of their own, so each route already
-    is what it would be once included: the same routes, in the same order, matched in one flat list.
-    """
-    for context in iter_route_contexts(router.routes):
-        app.router.routes.append(context.original_route)
+    return routers
 
 
 def _param(loc: tuple[int | str, ...] | list[int | str]) -> str:
@@ -118,7 +133,9 @@ def _param(loc: tuple[int | str, ...] | list[int | str]) -> str:
     return ".".join(str(p) for p in loc[1:]) or str(loc[0])
 
 
-def _install_error_handlers(app: FastAPI) -> None:
+def _error_handlers() -> dict[type[Exception], ErrorHandler]:
+    """Every error as a Status: given to FastAPI (``add_exception_handler``) and to the direct lane alike."""
+
     async def api_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
         return status_response(exc.status, headers=exc.headers)
@@ -160,8 +177,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, kit.NodusError)
         return status_response(status_for(exc.reason if exc.reason != "Invalid" else "BadRequest", str(exc)))
 
-    app.add_exception_handler(ApiError, api_error)
-    app.add_exception_handler(HTTPException, http_error)
-    app.add_exception_handler(RequestValidationError, parameter_error)
-    app.add_exception_handler(nats.errors.Error, bus_error)
-    app.add_exception_handler(kit.NodusError, kit_error)
+    return {
+        ApiError: api_error,
+        HTTPException: http_error,
+        RequestValidationError: parameter_error,
+        nats.errors.Error: bus_error,
+        kit.NodusError: kit_error,
+    }

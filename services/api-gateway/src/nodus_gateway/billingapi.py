@@ -91,6 +91,8 @@ INVOICE_PATH: Final = f"{PROJECT_PATH}/invoices/{{month}}"
 
 MonthQ = Annotated[str | None, Query()]
 FormatQ = Annotated[str | None, Query(alias="format")]
+# Read by the direct lane too (dispatching.Parameters; querying.py has the API's own).
+QUERIES: Final[tuple[Any, ...]] = (MonthQ, FormatQ)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -18,15 +18,23 @@ are shared with secreting.py.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from nodus_gateway import bodies
 from nodus_gateway.authorizing import authorize
 from nodus_gateway.deleting import delete_object, delete_options
-from nodus_gateway.querying import DryRunQ, PropagationQ, dry_run_of
+from nodus_gateway.querying import (
+    ContinueQ,
+    DryRunQ,
+    LabelSelectorQ,
+    LimitQ,
+    PropagationQ,
+    WatchQ,
+    dry_run_of,
+)
 from nodus_gateway.resources import RESOURCES, Resource, Stores
 from nodus_gateway.responding import ApiError, not_found, object_response, store_errors
 from nodus_gateway.routing import API_PREFIX
@@ -153,10 +161,10 @@ def read_only_router(res: Resource, stores: Stores, *, max_body_bytes: int) -> A
     @router.get(collection, name=f"list {res.plural}")
     async def list_(
         request: Request,
-        label_selector: Annotated[str | None, Query(alias="labelSelector")] = None,
-        limit: Annotated[int | None, Query(ge=0)] = None,
-        continue_: Annotated[str | None, Query(alias="continue")] = None,
-        watch: Annotated[str | None, Query()] = None,
+        label_selector: LabelSelectorQ = None,
+        limit: LimitQ = None,
+        continue_: ContinueQ = None,
+        watch: WatchQ = None,
     ) -> Response:
         namespace = _namespace(request)
         await authorize(request, "watch" if truthy(watch) else "list", res.plural, namespace)
@@ -196,13 +204,13 @@ def read_only_router(res: Resource, stores: Stores, *, max_body_bytes: int) -> A
     return router
 
 
-def cluster_router(stores: Stores, *, max_body_bytes: int) -> APIRouter:
-    """The routes of this module: 405s for every read-only row, list and get (and delete where allowed)
-    for the rows it serves."""
-    router = APIRouter()
+def cluster_routers(stores: Stores, *, max_body_bytes: int) -> list[APIRouter]:
+    """The routers of this module, in the order their routes are matched: 405s for every read-only row,
+    list and get (and delete where allowed) for the rows it serves."""
+    routers = []
     for res in RESOURCES:
         if res.read_only:
-            router.include_router(refusal_router(res))
+            routers.append(refusal_router(res))
         if res.served_by == "clusterrouting":
-            router.include_router(read_only_router(res, stores, max_body_bytes=max_body_bytes))
-    return router
+            routers.append(read_only_router(res, stores, max_body_bytes=max_body_bytes))
+    return routers

@@ -319,6 +319,8 @@ SinceSecondsQ = Annotated[int | None, Query(alias="sinceSeconds", ge=1)]
 IndexQ = Annotated[int | None, Query(ge=0)]
 AttemptQ = Annotated[int | None, Query(ge=1)]
 TimestampsQ = Annotated[str | None, Query()]
+# Read by the direct lane too (dispatching.Parameters; querying.py has the API's own).
+QUERIES: Final[tuple[Any, ...]] = (FollowQ, TailLinesQ, SinceSecondsQ, IndexQ, AttemptQ, TimestampsQ)
 
 
 _TRUE: Final = frozenset({"1", "t", "true"})

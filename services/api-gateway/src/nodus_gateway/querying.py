@@ -1,12 +1,17 @@
 """The query parameters of the API's routes, under Kubernetes' (camelCase) names, and what a list or a
 write takes from them (FastAPI dependencies: ``ListQ``, ``WriteQ``). ``dryRun`` and ``fieldValidation``
 are read here for every route that writes, the admin kinds' too.
+
+Each alias is read twice over: by FastAPI (the OpenAPI documents, and the requests it handles) and by the
+gateway's direct lane (dispatching.py), which reads only the aliases and dependencies listed in
+``QUERIES`` and ``DEPENDENCIES``. A route with a parameter not listed there is still served, by FastAPI's
+slower path (tests/gateway/test_dispatching.py says which routes that is: none).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, Final
 
 from fastapi import Depends, Query
 
@@ -97,3 +102,22 @@ async def _write_options(field_validation_: FieldValidationQ = None, dry_run: Dr
 
 
 WriteQ = Annotated[WriteOptions, Depends(_write_options)]
+
+
+# The direct lane's parameters (dispatching.Parameters): the aliases above, and each dependency's function.
+QUERIES: Final[tuple[Any, ...]] = (
+    FieldValidationQ,
+    LabelSelectorQ,
+    FieldSelectorQ,
+    LimitQ,
+    ContinueQ,
+    WatchQ,
+    ResourceVersionQ,
+    TimeoutSecondsQ,
+    BookmarksQ,
+    FieldManagerQ,
+    ForceQ,
+    PropagationQ,
+    DryRunQ,
+)
+DEPENDENCIES: Final[tuple[tuple[Any, Any], ...]] = ((ListQ, _list_query), (WriteQ, _write_options))

@@ -70,8 +70,9 @@ from nodus_gateway.selecting import FieldSelector, parse_field_selector
 from nodus_gateway.watching import WatchRequest, parse_resource_version, watch_response
 from nodus_kit import errors as kit
 from nodus_kit import tracing
+from nodus_kit.keying import Page
 from nodus_kit.selecting import Selector
-from nodus_kit.storing import ObjectStore, Page
+from nodus_kit.storing import ObjectStore
 from nodus_schema import API_VERSION, ListMeta, status_for, to_builtins
 from nodus_schema.costs import Estimate
 from nodus_schema.estimating import estimate_etag
@@ -675,10 +676,11 @@ def resource_router(res: Resource, stores: Stores, *, max_body_bytes: int) -> AP
     return router
 
 
-def api_router(stores: Stores, *, max_body_bytes: int) -> APIRouter:
-    router = APIRouter()
-    for res in RESOURCES:
-        # Rows served by other modules (clusterrouting, secreting) have routes of their own.
-        if res.served_by == "routing" and res.namespaced:
-            router.include_router(resource_router(res, stores, max_body_bytes=max_body_bytes))
-    return router
+def api_routers(stores: Stores, *, max_body_bytes: int) -> list[APIRouter]:
+    """One router per resource this module serves, in the resource table's order."""
+    # Rows served by other modules (clusterrouting, secreting) have routes of their own.
+    return [
+        resource_router(res, stores, max_body_bytes=max_body_bytes)
+        for res in RESOURCES
+        if res.served_by == "routing" and res.namespaced
+    ]

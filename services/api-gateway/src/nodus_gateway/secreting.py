@@ -25,16 +25,17 @@ that setting) can read the values.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import msgspec
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from nodus_gateway import bodies, patching
 from nodus_gateway.admitting import admit_create, check_resource_version
 from nodus_gateway.authorizing import authorize, principal_of
 from nodus_gateway.clusterrouting import check_name, check_namespace, list_response, no_watch, truthy
+from nodus_gateway.querying import ContinueQ, LabelSelectorQ, LimitQ, WatchQ
 from nodus_gateway.resources import Resource, Stores, resource
 from nodus_gateway.responding import ApiError, already_exists, invalid, object_response, store_errors
 from nodus_gateway.routing import API_PREFIX
@@ -210,10 +211,10 @@ def secret_router(stores: Stores, *, max_body_bytes: int) -> APIRouter:
     async def list_(
         namespace: str,
         request: Request,
-        label_selector: Annotated[str | None, Query(alias="labelSelector")] = None,
-        limit: Annotated[int | None, Query(ge=0)] = None,
-        continue_: Annotated[str | None, Query(alias="continue")] = None,
-        watch: Annotated[str | None, Query()] = None,
+        label_selector: LabelSelectorQ = None,
+        limit: LimitQ = None,
+        continue_: ContinueQ = None,
+        watch: WatchQ = None,
     ) -> Response:
         check_namespace(namespace)
         await authorize(request, "watch" if truthy(watch) else "list", res.plural, namespace)
@@ -226,9 +227,9 @@ def secret_router(stores: Stores, *, max_body_bytes: int) -> APIRouter:
     @router.get(f"{API_PREFIX}/{res.plural}", name="list secrets in all namespaces")
     async def list_all(
         request: Request,
-        label_selector: Annotated[str | None, Query(alias="labelSelector")] = None,
-        limit: Annotated[int | None, Query(ge=0)] = None,
-        continue_: Annotated[str | None, Query(alias="continue")] = None,
+        label_selector: LabelSelectorQ = None,
+        limit: LimitQ = None,
+        continue_: ContinueQ = None,
     ) -> Response:
         await authorize(request, "list", res.plural, None)
         if not principal_of(request).admin:
