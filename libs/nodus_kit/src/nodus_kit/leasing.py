@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -21,6 +21,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from nodus_kit import measuring
 from nodus_kit.cancelling import cancel_and_wait
+from nodus_kit.configuring import Env
 
 log = logging.getLogger(__name__)
 STREAM = "KV_leases"
@@ -30,20 +31,19 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 
 DEFAULT_TTL_S = 10
 TTL_ENV = "NODUS_LEASE_TTL_S"
+RESYNC_ENV = "NODUS_RESYNC_S"
 
 
-def ttl_from(env: dict[str, str]) -> int:
-    """A controller's lease TTL from ``NODUS_LEASE_TTL_S`` (whole seconds, default 10): a standby takes
-    over within about one TTL of the leader's death, and a leader that cannot renew for two thirds of it
-    steps down. Shorter fails over sooner and renews more often (one KV write per third of it)."""
-    raw = env.get(TTL_ENV, str(DEFAULT_TTL_S))
-    try:
-        ttl = int(raw)
-    except ValueError:
-        raise ValueError(f"{TTL_ENV}={raw!r}: give whole seconds, at least 1 (e.g. 10)") from None
-    if ttl < 1:
-        raise ValueError(f"{TTL_ENV}={raw!r}: give whole seconds, at least 1 (e.g. 10)")
-    return ttl
+class LeaderSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """What every service whose controllers run on the lease's leader reads (the scheduler, billing, the
+    sweep controller): a service's own settings Struct extends it (``nodus_kit.configuring``)."""
+
+    lease_ttl_s: Annotated[int, msgspec.Meta(ge=1), Env(TTL_ENV, "seconds")] = DEFAULT_TTL_S
+    """The lease's TTL, whole seconds (the server's TTL granularity): a standby takes over within about one
+    TTL of the leader's death, and a leader that cannot renew for two thirds of it steps down. Shorter
+    fails over sooner and renews more often (one KV write per third of it)."""
+    resync_s: Annotated[float, msgspec.Meta(gt=0), Env(RESYNC_ENV, "seconds")] = 30.0
+    """How often the leader's controllers queue every object not settled again (``Controller.resync_s``)."""
 
 
 class LeaseRecord(msgspec.Struct, rename="camel"):

@@ -61,6 +61,7 @@ from nats.aio.client import Client as NATS
 from nodus_billing.books import Books, Planner, Step
 from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
 from nodus_billing.segmenting import RESTORE, RUNNING, charged, epoch_ms, usage_ms, usage_of
+from nodus_billing.settings import METER_TICK_MS, ORPHAN_HOLD_MS, BillingSettings
 from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
 from nodus_billing.viewing import Views
 from nodus_kit import errors, tracing
@@ -91,25 +92,27 @@ class Terms:
 
     window_ms: int = HOLD_WINDOW_MS
     """A hold funds this much time ahead of use; it is extended when half of it is left."""
-    tick_ms: int = 30_000
+    tick_ms: int = METER_TICK_MS
     """Running usage is charged in whole ticks (the capture charges the rest, to the billing increment)."""
     margin_ms: int = STOP_MARGIN_MS
     """A Job is stopped while its holds still fund this long: time to checkpoint and tear down (a fifth of
     what a small hold funds, when that is less: nodus_schema.holds.stop_margin_ms)."""
-    orphan_ms: int = 120_000
+    orphan_ms: int = ORPHAN_HOLD_MS
     """A hold whose Attempt was never created is released after this (the scheduler died in between)."""
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> Terms:
-        def ms(name: str, default: int) -> int:
-            return int(float(env[name]) * 1000) if name in env else default
-
+    def of(cls, settings: BillingSettings) -> Terms:
+        """The terms billing's variables set (seconds there, milliseconds here)."""
         return cls(
-            window_ms=ms("NODUS_HOLD_WINDOW_S", cls.window_ms),
-            tick_ms=ms("NODUS_METER_TICK_S", cls.tick_ms),
-            margin_ms=ms("NODUS_STOP_MARGIN_S", cls.margin_ms),
-            orphan_ms=ms("NODUS_ORPHAN_HOLD_S", cls.orphan_ms),
+            window_ms=_ms(settings.hold_window_s),
+            tick_ms=_ms(settings.meter_tick_s),
+            margin_ms=_ms(settings.stop_margin_s),
+            orphan_ms=_ms(settings.orphan_hold_s),
         )
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
 
 
 def settled(job: Job) -> bool:

@@ -34,6 +34,7 @@ from nodus_billing.holding import Expire
 from nodus_billing.metering import Metering, Terms, now_ms
 from nodus_billing.quoting import serve_quotes
 from nodus_billing.serving import Holds, serve_accounts, serve_holds
+from nodus_billing.settings import BillingSettings
 from nodus_billing.viewing import (
     BLOCKED,
     BY_JOB,
@@ -46,16 +47,16 @@ from nodus_billing.viewing import (
     labelled,
     open_holds,
 )
+from nodus_kit.configuring import read_settings
 from nodus_kit.controlling import Controller, Key, own_key, owns, watches
 from nodus_kit.informing import Informer, key_of
 from nodus_kit.keying import Event
-from nodus_kit.leasing import Lease, run_as_leader, ttl_from
+from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer, Delivery
 from nodus_kit.servicing import Service
 from nodus_kit.vouching import REPORT_PREFIX, Forgeries, sender
 from nodus_schema.attempts import JOB_LABEL
 from nodus_schema.messages import AttemptFinished, Report
-from nodus_schema.quantities import usd_to_micros
 from nodus_schema.sweeps import SWEEP_LABEL
 
 
@@ -63,12 +64,11 @@ class BillingService(Service):
     name = "nodus-billing"
 
     async def start(self) -> None:
-        env = self.settings.env
+        config = read_settings(BillingSettings, self.settings.env)
         self.forgeries = Forgeries("billing", "report")
-        self.terms = Terms.from_env(env)
-        self.books = Books(
-            self.bus, starting_micros=usd_to_micros(env.get("NODUS_STARTING_CREDITS_USD", "0"))
-        )
+        self.terms = Terms.of(config)
+        self.expiry_ms = round(config.hold_expiry_s * 1000)  # how long past its funding a hold lives on
+        self.books = Books(self.bus, starting_micros=config.starting_micros)
         m = self.metering = Metering(self.bus, self.books, self.terms)
         self.budgets = Budgets(self.bus, self.books)
         self.views = m.views = Views(
@@ -80,7 +80,6 @@ class BillingService(Service):
         )
         budgets = self.budgets.view = Informer(self.budgets.store, name="billing:budgets")
         self.informers: list[Informer[Any]] = [*self.views.all(), budgets]  # stopped by stop()
-        resync_s = float(env.get("NODUS_RESYNC_S", "30"))
         self.meter = Controller(
             "billing-meter",
             m.reconcile,
@@ -93,11 +92,11 @@ class BillingService(Service):
             ],
             settled=m.settled,
             workers=4,
-            resync_s=resync_s,
+            resync_s=config.resync_s,
         )
         m.requeue = self.meter.enqueue
         self.budgeter = Controller(
-            "billing-budgets", self.budgets.reconcile, for_=budgets, workers=1, resync_s=resync_s
+            "billing-budgets", self.budgets.reconcile, for_=budgets, workers=1, resync_s=config.resync_s
         )
         self.budgets.requeue_project = self._requeue_project
         self._sweep_specs: dict[Key, tuple[str | None, int | None]] = {}
@@ -118,7 +117,7 @@ class BillingService(Service):
             await serve_holds(self.bus, Holds(self.books, self.metering)),
             *(await serve_accounts(self.bus, self.books, self._requeue_project)),
         ]
-        lease = Lease(self.bus, "billing", self.settings.replica, ttl_s=ttl_from(self.settings.env))
+        lease = Lease(self.bus, "billing", self.settings.replica, ttl_s=config.lease_ttl_s)
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
 
     async def _lead(self) -> None:
@@ -138,14 +137,13 @@ class BillingService(Service):
 
         Each tick walks the books' glance in memory, and only the books with an open hold (an idle
         stack's books have none): no list of the bucket, no book decoded per tick."""
-        grace_ms = int(float(self.settings.env.get("NODUS_HOLD_EXPIRY_S", "3600")) * 1000)
         while True:
             await asyncio.sleep(max(1.0, self.terms.tick_ms / 1000))
             projects = sorted({value.split("/", 1)[0] for value in self.views.books.index_values(OPEN)})
             for project in projects:
                 book = self.views.books.get(None, project)
                 if book is not None:
-                    await self._expire_book(project, book.open_holds(), grace_ms)
+                    await self._expire_book(project, book.open_holds(), self.expiry_ms)
 
     async def _expire_book(self, project: str, holds: list[HoldGlance], grace_ms: int) -> None:
         now = now_ms()

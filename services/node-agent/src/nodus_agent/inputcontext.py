@@ -14,9 +14,9 @@ from typing import Final
 import msgspec
 
 from nodus_agent.s3 import S3Settings
+from nodus_agent.settings import AgentSettings
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.jobs import SecretKeySelector
-from nodus_schema.quantities import parse_bytes
 
 __all__ = [
     "CONTAINER_INPUTS",
@@ -60,23 +60,15 @@ class InputSettings:
     """Inputs fetched at once."""
 
     @classmethod
+    def of(cls, agent: AgentSettings) -> InputSettings:
+        return cls(max_bytes=agent.max_input_bytes, ca_bundle=agent.ca_bundle, parallel=agent.input_parallel)
+
+    @classmethod
     def from_env(cls, env: Mapping[str, str]) -> InputSettings:
         """``NODUS_AGENT_INPUT_MAX_BYTES`` (a quantity: ``50Gi``), ``NODUS_AGENT_CA_BUNDLE`` (a PEM file),
-        ``NODUS_AGENT_INPUT_PARALLEL``; raises ValueError naming the variable to fix."""
-        raw = env.get("NODUS_AGENT_INPUT_MAX_BYTES", "50Gi")
-        try:
-            max_bytes = parse_bytes(raw)
-        except ValueError as e:
-            raise ValueError(f"NODUS_AGENT_INPUT_MAX_BYTES={raw!r}: {e}") from None
-        if max_bytes < 1:
-            raise ValueError(f"NODUS_AGENT_INPUT_MAX_BYTES={raw!r} must be positive")
-        bundle = env.get("NODUS_AGENT_CA_BUNDLE") or None
-        if bundle is not None and not Path(bundle).is_file():
-            raise ValueError(f"NODUS_AGENT_CA_BUNDLE={bundle!r} is not a file: point it at a PEM bundle")
-        parallel = env.get("NODUS_AGENT_INPUT_PARALLEL", "4")
-        if not parallel.isdigit() or int(parallel) < 1:
-            raise ValueError(f"NODUS_AGENT_INPUT_PARALLEL={parallel!r} must be a whole number, at least 1")
-        return cls(max_bytes=max_bytes, ca_bundle=Path(bundle) if bundle else None, parallel=int(parallel))
+        ``NODUS_AGENT_INPUT_PARALLEL``, read as the agent reads all its settings (one parser each, in
+        :mod:`nodus_agent.configuring`); raises ConfigError (a ValueError) naming the variable to fix."""
+        return cls.of(AgentSettings.from_env(env))
 
 
 @dataclass(frozen=True)

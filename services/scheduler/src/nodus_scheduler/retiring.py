@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,11 +31,13 @@ from typing import Final
 
 from nats.aio.client import Client as NATS
 
+from nodus_kit.configuring import read_settings
 from nodus_kit.errors import Conflict, NotFound
 from nodus_kit.eventing import publish_event
 from nodus_kit.informing import Informer
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.capacity import UNREACHABLE_GRACE, unreachable
+from nodus_scheduler.settings import DELETE_AFTER, DELETE_AFTER_ENV, UNREACHABLE_GRACE_ENV, SchedulerSettings
 from nodus_schema.nodes import Node
 
 __all__ = [
@@ -51,10 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-UNREACHABLE_GRACE_ENV: Final = "NODUS_NODE_UNREACHABLE_GRACE_S"
-DELETE_AFTER_ENV: Final = "NODUS_NODE_DELETE_AFTER_S"
-DELETE_AFTER: Final = timedelta(days=1)
-"""How long a node may be NotReady before its record is deleted (the default of NODUS_NODE_DELETE_AFTER_S)."""
 NODE_DELETED: Final = "NodeDeleted"
 """The reason of the event on ``nodus.events._.nodes.<node>`` when the retirer deletes a node."""
 
@@ -69,26 +66,16 @@ class NodeTimes:
     """NotReady for longer: the record is deleted."""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> NodeTimes:
-        """``NODUS_NODE_UNREACHABLE_GRACE_S`` and ``NODUS_NODE_DELETE_AFTER_S`` (seconds, more than 0)."""
+    def of(cls, settings: SchedulerSettings) -> NodeTimes:
         return cls(
-            _seconds(env, UNREACHABLE_GRACE_ENV, UNREACHABLE_GRACE),
-            _seconds(env, DELETE_AFTER_ENV, DELETE_AFTER),
+            timedelta(seconds=settings.unreachable_grace_s), timedelta(seconds=settings.delete_after_s)
         )
 
-
-def _seconds(env: Mapping[str, str], name: str, default: timedelta) -> timedelta:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        example = f"{default.total_seconds():g}"
-        raise ValueError(f"{name}={raw!r}: give a number of seconds more than 0 (e.g. {example})")
-    return timedelta(seconds=seconds)
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> NodeTimes:
+        """``NODUS_NODE_UNREACHABLE_GRACE_S`` and ``NODUS_NODE_DELETE_AFTER_S`` (seconds, more than 0), read
+        with the rest of the scheduler's settings (a bad one of those is refused too)."""
+        return cls.of(read_settings(SchedulerSettings, env))
 
 
 def check_period(delete_after: timedelta) -> float:

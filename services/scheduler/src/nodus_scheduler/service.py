@@ -22,9 +22,10 @@ import contextlib
 import logging
 
 from nodus_kit.cancelling import cancel_and_wait
+from nodus_kit.configuring import read_settings
 from nodus_kit.controlling import Controller, owns, watches
 from nodus_kit.informing import key_of
-from nodus_kit.leasing import Lease, run_as_leader, ttl_from
+from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Service
 from nodus_scheduler.cataloging import load_catalog
@@ -36,6 +37,7 @@ from nodus_scheduler.monitoring import NodeMonitor
 from nodus_scheduler.publishing import publish_catalog
 from nodus_scheduler.reporting import Reports
 from nodus_scheduler.retiring import NodeTimes, Retirer
+from nodus_scheduler.settings import SchedulerSettings
 from nodus_scheduler.viewing import World
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, Attempt
 from nodus_schema.messages import Report
@@ -51,15 +53,13 @@ class SchedulerService(Service):
     name = "nodus-scheduler"
 
     async def start(self) -> None:
-        env = self.settings.env
-        catalog = load_catalog(env.get("NODUS_CATALOG"))
+        config = read_settings(SchedulerSettings, self.settings.env)
+        catalog = load_catalog(config.catalog)
         await publish_catalog(self.bus, catalog)
-        resync_s = float(env.get("NODUS_RESYNC_S", "30"))
-        # NODUS_FUNDING=off: a fleet nobody pays for runs without billing's holds (funding.py).
-        funding = env.get("NODUS_FUNDING", "on").lower() not in ("off", "0", "false")
         # NotReady nodes: out of placement after the grace, their records deleted later (retiring.py).
-        times = NodeTimes.from_env(env)
-        self.world = world = World(self.bus, funding=funding)
+        times = NodeTimes.of(config)
+        # NODUS_FUNDING=off: a fleet nobody pays for runs without billing's holds (funding.py).
+        self.world = world = World(self.bus, funding=config.funding)
         self.lifecycle = life = Lifecycle(
             self.bus, catalog, world, requeue=self._requeue, gone_after=times.unreachable_grace
         )
@@ -70,11 +70,11 @@ class SchedulerService(Service):
             owns=[owns(world.attempts, label=JOB_LABEL, delay_s=COALESCE_S, settled=_finished)],
             watches=[watches(world.funding, lambda e: [key_of(e.object)])] if world.funding else [],
             settled=life.settled,
-            resync_s=resync_s,
+            resync_s=config.resync_s,
         )
         self.monitor = NodeMonitor(world, world.nodes.store, lost=lambda key: self._requeue(key, 0.0))
         self.nodes_controller = Controller(
-            "scheduler-nodes", self.monitor.reconcile, for_=world.nodes, workers=1, resync_s=resync_s
+            "scheduler-nodes", self.monitor.reconcile, for_=world.nodes, workers=1, resync_s=config.resync_s
         )
         self.expirer = Expirer(self.bus, world, life.jobs, life.attempts)
         self.ttl = Controller(
@@ -83,7 +83,7 @@ class SchedulerService(Service):
             for_=world.jobs,
             settled=nothing_to_expire,
             workers=1,
-            resync_s=resync_s,
+            resync_s=config.resync_s,
         )
         self.retirer = Retirer(self.bus, world.nodes.store, world.nodes, delete_after=times.delete_after)
         await world.start()
@@ -100,7 +100,7 @@ class SchedulerService(Service):
         await self.reports.start()
         # nodus.rpc.scheduler.estimate (ADR-031)
         self.estimates = await serve_estimates(self.bus, catalog, gone_after=times.unreachable_grace)
-        lease = Lease(self.bus, "scheduler", self.settings.replica, ttl_s=ttl_from(env))
+        lease = Lease(self.bus, "scheduler", self.settings.replica, ttl_s=config.lease_ttl_s)
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
         log.info(
             "scheduler up",

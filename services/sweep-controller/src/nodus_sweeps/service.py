@@ -16,21 +16,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from nodus_kit.configuring import read_settings
 from nodus_kit.controlling import Controller, owns, watches
 from nodus_kit.informing import Indexer, Informer
-from nodus_kit.leasing import Lease, run_as_leader, ttl_from
+from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.servicing import Service
 from nodus_kit.storing import ObjectStore
 from nodus_schema.jobs import Job
 from nodus_schema.sweeps import Sweep
 from nodus_sweeps.cells import CELLS, SLOTS, by_cell, by_slot
 from nodus_sweeps.reconciling import SweepReconciler
+from nodus_sweeps.settings import SweepsSettings
 
 
 class SweepsService(Service):
     name = "nodus-sweeps"
 
     async def start(self) -> None:
+        config = read_settings(SweepsSettings, self.settings.env)
         self.sweeps = Informer(ObjectStore(self.bus, "sweeps", Sweep), name="sweeps")
         indexers: dict[str, Indexer] = {SLOTS: by_slot, CELLS: by_cell}
         self.jobs = Informer(ObjectStore(self.bus, "jobs", Job), indexers=indexers, name="jobs")
@@ -43,11 +46,11 @@ class SweepsService(Service):
             watches=[watches(self.jobs, rec.wakes)],
             settled=rec.settled,
             workers=4,
-            resync_s=float(self.settings.env.get("NODUS_RESYNC_S", "30")),
+            resync_s=config.resync_s,
         )
         await self.sweeps.start()
         await self.jobs.start()
-        lease = Lease(self.bus, "sweep-controller", self.settings.replica, ttl_s=ttl_from(self.settings.env))
+        lease = Lease(self.bus, "sweep-controller", self.settings.replica, ttl_s=config.lease_ttl_s)
         self._leader = asyncio.create_task(run_as_leader(lease, self.controller.run, stop=self.stopping))
 
     async def stop(self) -> None:
