@@ -165,3 +165,43 @@ async def test_a_run_cancelled_during_its_grace_leaves_no_reconcile_running(nc: 
         await asyncio.wait_for(task, 10)
     assert ended.is_set(), "the worker was still reconciling after run() ended"
     await ctl.for_.stop()
+
+
+async def test_a_settled_object_leaves_the_queue_even_when_its_reconcile_asks_to_look_again(
+    nc: NATS, unique: str
+) -> None:
+    """Settled objects cost nothing while idle: neither the resync nor their own periodic check (a
+    Suspended Job's) queues them again until they change."""
+    jobs = ObjectStore(nc, "jobs", Job)
+    await jobs.create(_job(unique, "resting"))
+    await jobs.create(_job(unique, "busy"))
+    calls: dict[str, int] = {"resting": 0, "busy": 0}
+    resting = asyncio.Event()
+
+    async def reconcile(key: Key) -> float | None:
+        calls[key[1]] += 1
+        if calls["resting"] >= 3:
+            resting.set()
+        return 0.05  # every reconcile asks to look again soon
+
+    ctl = Controller(
+        "test",
+        reconcile,
+        Informer(jobs, namespace=unique),
+        settled=lambda job: resting.is_set() and job.metadata.name == "resting",
+        workers=1,
+        resync_s=0.1,
+    )
+    task = asyncio.create_task(ctl.run())
+    try:
+        await asyncio.wait_for(resting.wait(), 10)
+        # A look asked for before it settled may still come once; after that, none.
+        mark = calls["busy"]
+        await eventually(lambda: calls["busy"] >= mark + 3, message="the unsettled object is looked at")
+        before = calls["resting"]
+        await eventually(lambda: calls["busy"] >= mark + 20, message="the unsettled object is looked at")
+        assert calls["resting"] == before  # settled: its own 0.05 s requests and the resync left it out
+    finally:
+        await ctl.stop()
+        await task
+        await ctl.for_.stop()

@@ -220,10 +220,16 @@ class Controller:
             else:
                 self.reconciles += 1
                 self.queue.forget(key)
-                if after is not None:
+                if after is not None and not self._settled(key):
                     self.queue.add_after(key, after)
             finally:
                 self.queue.done(key)
+
+    def _settled(self, key: Key) -> bool:
+        """Whether ``key``'s object is settled now: it leaves the work queue even when its reconcile asked
+        to look again later (a Suspended Job's periodic check), until it changes."""
+        obj = self.for_.get(*key)
+        return obj is not None and self.settled(obj)
 
     def _failed(self, key: Key, error: Exception) -> None:
         """The kit's one outcome mapping (settling): a retry is a requeue after its delay; "dead" drops the

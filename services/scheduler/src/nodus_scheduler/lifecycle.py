@@ -657,6 +657,10 @@ class Lifecycle:
                 return None
             return msgspec.structs.replace(current, status=merged)
 
+        if change(job) is None:
+            # The informer's copy already says it: no read, no write. (Were the store newer, its event
+            # would bring the Job back here to be judged against that revision.)
+            return
         with contextlib.suppress(NotFound):
             self.world.jobs.apply(
                 await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
