@@ -20,14 +20,15 @@ from nodus_agent.logshipping import (
     Limits,
     LogLines,
     LogShipper,
-    LogSource,
     Redactor,
     cut_lines,
     load_cursor,
     parse_line,
     save_cursor,
+    subject_of,
 )
 from nodus_kit.connecting import connect
+from nodus_schema.messages import StartAttempt
 from nodus_testing.waiting import eventually
 
 NS = "team-a"
@@ -60,8 +61,11 @@ def texts(found: list[LogLines]) -> list[str]:
     return [line.text for b in found for line in b.lines]
 
 
-def source(unique: str, attempt: str = "a1") -> LogSource:
-    return LogSource(NS, f"job-{unique}", f"job-{unique}-0-{attempt}", 0, 1, "node-1")
+def source(unique: str, attempt: str = "a1") -> StartAttempt:
+    job = f"job-{unique}"
+    return StartAttempt(
+        namespace=NS, job=job, attempt=f"{job}-0-{attempt}", index=0, attempt_no=1, node="node-1"
+    )
 
 
 def write(path: Path, text: str) -> None:
@@ -115,7 +119,7 @@ async def test_lines_arrive_in_order_in_bounded_batches(nc: NATS, unique: str, t
     src = source(unique)
     shipper = LogShipper(nc, src, log, limits=Limits(max_lines=1000, max_bytes=16 * 1024))
     assert await shipper.close(final=True)
-    found = await batches(nc.jetstream(), src.subject)
+    found = await batches(nc.jetstream(), subject_of(src))
     assert texts(found) == wanted
     assert all(len(b.lines) <= 1000 for b in found)
     assert all(
@@ -140,13 +144,13 @@ async def test_the_background_loop_ships_while_the_program_writes(
         await eventually(lambda: _texts_are(nc, src, ["starting", "warn"]))
     finally:
         assert await shipper.close(final=True)  # the last line, without its newline, goes too
-    found = await batches(nc.jetstream(), src.subject)
+    found = await batches(nc.jetstream(), subject_of(src))
     assert texts(found) == ["starting", "warn", "no newline yet"]
     assert [line.stream for b in found for line in b.lines] == ["stdout", "stderr", None]
 
 
-async def _texts_are(nc: NATS, src: LogSource, wanted: list[str]) -> bool:
-    return texts(await batches(nc.jetstream(), src.subject)) == wanted
+async def _texts_are(nc: NATS, src: StartAttempt, wanted: list[str]) -> bool:
+    return texts(await batches(nc.jetstream(), subject_of(src))) == wanted
 
 
 async def test_secret_values_never_reach_the_bus(nc: NATS, unique: str, tmp_path: Path) -> None:
@@ -159,7 +163,7 @@ async def test_secret_values_never_reach_the_bus(nc: NATS, unique: str, tmp_path
     src = source(unique)
     # A small max_line puts a cut right across the secret in the third line.
     assert await LogShipper(nc, src, log, secrets=[secret], limits=Limits(max_line=64)).close()
-    found = await batches(nc.jetstream(), src.subject)
+    found = await batches(nc.jetstream(), subject_of(src))
     joined = "".join(texts(found))
     assert secret not in joined and secret[:10] not in joined
     assert texts(found)[:2] == [f"token={MASK}", f"auth {MASK} failed"]
@@ -176,7 +180,7 @@ async def test_a_new_shipper_resumes_from_the_cursor(nc: NATS, unique: str, tmp_
     await first.close(final=False)  # the agent stops (or dies) while the program runs on
     write(log, "".join(f"second {i}\n" for i in range(100)))
     assert await LogShipper(nc, src, log).close(final=True)  # the next agent
-    found = await batches(nc.jetstream(), src.subject)
+    found = await batches(nc.jetstream(), subject_of(src))
     assert texts(found) == [f"first {i}" for i in range(100)] + [f"second {i}" for i in range(100)]
     assert [b.offset for b in found[1:]] == [b.end for b in found[:-1]]
 
@@ -189,14 +193,14 @@ async def test_a_crash_between_publish_and_cursor_resends_the_same_batch(
     write(log, "".join(f"line {i}\n" for i in range(50)))
     shipper = LogShipper(nc, src, log)
     await shipper.ship_once()
-    [batch] = await batches(nc.jetstream(), src.subject)
+    [batch] = await batches(nc.jetstream(), subject_of(src))
     # The cursor as the shipper wrote it just before publishing: that batch pending, not acknowledged.
     save_cursor(shipper.cursor_path, Cursor(offset=batch.offset, pending=batch.end))
     write(log, "".join(f"more {i}\n" for i in range(50)))  # the program wrote on meanwhile
     again = LogShipper(nc, src, log)
     assert await again.close(final=True)
     assert again.published == 2  # the pending batch again (the stream dropped it by id), then the rest
-    found = await batches(nc.jetstream(), src.subject)
+    found = await batches(nc.jetstream(), subject_of(src))
     assert texts(found) == [f"line {i}" for i in range(50)] + [f"more {i}" for i in range(50)]
 
 
@@ -215,7 +219,7 @@ async def test_a_batch_the_bus_did_not_take_is_pending_and_sent_later(
     assert load_cursor(shipper.cursor_path) == Cursor(offset=0, pending=log.stat().st_size)
     write(log, "later\n")
     assert await LogShipper(nc, src, log).close(final=True)
-    found = await batches(nc.jetstream(), src.subject)
+    found = await batches(nc.jetstream(), subject_of(src))
     assert [(b.offset, len(b.lines)) for b in found] == [(0, 20), (found[0].end, 1)]
     assert texts(found) == [f"line {i}" for i in range(20)] + ["later"]
 
@@ -228,7 +232,7 @@ async def test_what_the_drain_deadline_leaves_is_said_in_the_log(
     write(log, "".join(f"{i:05d} {'n' * 100}\n" for i in range(2000)))  # ~210 KB
     limits = Limits(bytes_per_s=40 * 1024, interval_s=0.1, max_line=1024)  # ~4 KB a tick
     assert not await LogShipper(nc, src, log, limits=limits).close(final=True, drain_s=0.3)
-    found = await batches(nc.jetstream(), src.subject)
+    found = await batches(nc.jetstream(), subject_of(src))
     last = texts(found)[-1]
     assert last.startswith("[nodus] ") and "bytes of this log were not shipped" in last and str(log) in last
     assert 0 < len(texts(found)) - 1 < 2000

@@ -16,7 +16,7 @@ import pytest_asyncio
 from fastapi import FastAPI
 from nats.aio.client import Client as NATS
 
-from nodus_agent.logshipping import LogShipper, LogSource, now_rfc3339
+from nodus_agent.logshipping import LogShipper, now_rfc3339
 from nodus_cli import main
 from nodus_gateway import logstreaming
 from nodus_gateway.app import build_app
@@ -26,6 +26,7 @@ from nodus_gateway.server import ApiServer
 from nodus_kit.storing import ObjectStore
 from nodus_schema import Job
 from nodus_schema.attempts import attempt_name
+from nodus_schema.messages import StartAttempt
 from nodus_testing.binding import bind_attempt
 from nodus_testing.waiting import eventually
 
@@ -68,7 +69,14 @@ class Shipping:
         job = await ObjectStore(self.nc, "jobs", Job).get(self.namespace, self.job)
         # The Attempt the scheduler would have written: the gateway shows a line only from its node.
         await bind_attempt(self.nc, self.namespace, name, job, "node-1", index=index, attempt_no=attempt)
-        source = LogSource(self.namespace, self.job, name, index, attempt, "node-1")
+        source = StartAttempt(
+            namespace=self.namespace,
+            job=self.job,
+            attempt=name,
+            index=index,
+            attempt_no=attempt,
+            node="node-1",
+        )
         assert await LogShipper(self.nc, source, log).close(final=True)
 
 

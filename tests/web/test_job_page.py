@@ -16,7 +16,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from nodus_agent.logshipping import LogShipper, LogSource
+from nodus_agent.logshipping import LogShipper
 from nodus_kit.storing import ObjectStore
 from nodus_schema import Job
 from nodus_schema.attempts import (
@@ -29,6 +29,7 @@ from nodus_schema.attempts import (
     attempt_name,
 )
 from nodus_schema.costs import Cost, CostSegments
+from nodus_schema.messages import StartAttempt
 from nodus_schema.meta import ObjectMeta
 
 from .conftest import Gateway, open_page, wait_for
@@ -125,9 +126,10 @@ def ran(namespace: str, job: str, uid: str, log_dir: Path) -> Write:
             path = log_dir / name / "log.txt"
             path.parent.mkdir(parents=True)
             path.write_text("".join(f"{line}\n" for line in lines))
-            assert await LogShipper(nc, LogSource(namespace, job, name, 0, n, f"node-{n}"), path).close(
-                final=True
+            source = StartAttempt(
+                namespace=namespace, job=job, attempt=name, index=0, attempt_no=n, node=f"node-{n}"
             )
+            assert await LogShipper(nc, source, path).close(final=True)
         cost = Cost(
             total_usd="0.066250",
             by_segment=CostSegments(

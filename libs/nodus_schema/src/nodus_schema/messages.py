@@ -33,13 +33,19 @@ class BusMessage(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel
     """Base of the bus messages: ``type`` names the kind on the wire."""
 
 
-class StartAttempt(BusMessage, tag="StartAttempt"):
+class AttemptMessage(BusMessage):
+    """Base of the messages that name their run in full: project, Job, Attempt, index, attempt number
+    and node (a StartAttempt, and the LogLines of the run it starts)."""
+
     namespace: str
     job: str
     attempt: str
     index: int
     attempt_no: int
     node: str
+
+
+class StartAttempt(AttemptMessage, tag="StartAttempt"):
     image: str | None = None
     command: list[str] = msgspec.field(default_factory=list)
     args: list[str] = msgspec.field(default_factory=list)
@@ -203,16 +209,10 @@ class LogLine(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
     """stdout or stderr when the runtime kept them apart; absent when they were merged."""
 
 
-class LogLines(BusMessage, tag="LogLines"):
+class LogLines(AttemptMessage, tag="LogLines"):
     """One batch of an attempt's log lines, in order, on ``nodus.logs.<node>.<ns>.<job>.<attempt>`` (agent
     -> api-gateway's ``jobs/<name>/log``)."""
 
-    namespace: str
-    job: str
-    attempt: str
-    index: int
-    attempt_no: int
-    node: str
     offset: int
     """Byte offset in the attempt's log file of the first line: batches of an attempt chain by offsets."""
     end: int

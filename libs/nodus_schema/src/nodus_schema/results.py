@@ -19,9 +19,7 @@ a cost or a throughput not reported (yet), a wall time of zero, or a throughput 
 
 from __future__ import annotations
 
-import csv
-import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
 from typing import Final
 
@@ -31,7 +29,7 @@ from nodus_schema.gpus import GPURequest, format_gpu, has_string_form
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.quantities import MICROS_PER_USD, micros_to_usd, parse_decimal, parse_usd
 from nodus_schema.sweeps import Sweep, SweepCell
-from nodus_schema.wire import API_VERSION, Wire
+from nodus_schema.wire import API_VERSION, Wire, csv_text
 
 __all__ = [
     "BY_COST",
@@ -289,15 +287,6 @@ def csv_rows(results: SweepResults) -> list[list[str]]:
     return [_csv_row(c, params) for c in results.cells]
 
 
-def _csv(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """RFC 4180: comma-separated, CRLF line ends, quoted only where a value needs it (as the usage CSV)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    return out.getvalue()
-
-
 def results_csv(results: SweepResults) -> str:
     """The results as CSV: the header of :func:`csv_columns`, then one row per cell in index order."""
-    return _csv(csv_columns(results), csv_rows(results))
+    return csv_text(csv_columns(results), csv_rows(results))

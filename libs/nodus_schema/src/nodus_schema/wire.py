@@ -1,6 +1,11 @@
-"""The base of every wire type: msgspec Structs, camelCase on the wire, defaults left out."""
+"""The base of every wire type: msgspec Structs, camelCase on the wire, defaults left out; and the CSV that
+the exports (usage, invoices, a Sweep's results) are written in."""
 
 from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -17,3 +22,12 @@ class Wire(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
 API_GROUP = "nodus.dev"
 API_VERSION = "nodus.dev/v1"
 DOCS_BASE = "https://docs.nodus.dev"
+
+
+def csv_text(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """RFC 4180: comma-separated, CRLF line ends, quoted only where a value needs it."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue()

@@ -84,14 +84,15 @@ def log(
     project: str,
     job: str,
     *,
-    follow: bool = False,
-    index: int | None = None,
-    attempt: int | None = None,
-    tail_lines: int | None = None,
-    since_seconds: int | None = None,
-    timestamps: bool = False,
+    follow: bool,
+    index: int | None,
+    attempt: int | None,
+    tail_lines: int | None,
+    since_seconds: int | None,
+    timestamps: bool,
 ) -> Call[str]:
-    """A Job's log (``.../jobs/<job>/log``); with ``follow`` the clients stream it as it arrives."""
+    """A Job's log (``.../jobs/<job>/log``); with ``follow`` the clients stream it as it arrives. The
+    clients' ``JobResource.log`` passes every option and holds their defaults."""
     params = query(
         follow=follow or None,
         index=index,

@@ -8,8 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from nodus_sdk.requesting import Call
-from nodus_sdk.resources import PAGE_SIZE, Page
-from nodus_sdk.watching import Event, Expired, WatchState, reconnectable, unread
+from nodus_sdk.watching import Event, Expired, WatchState, unread
 
 if TYPE_CHECKING:
     from nodus_sdk.asyncclient import AsyncClient
@@ -63,31 +62,13 @@ class Watch(Generic[T]):
                 for relisted in await self._relist():
                     yield relisted
             except Exception as e:
-                if not reconnectable(e):
-                    raise
-                delay = next(delays, None)
+                delay = state.reconnect_delay(e, delays)
                 if delay is None:
                     raise
-                await asyncio.sleep(min(delay, max(state.remaining() or delay, 0)))
+                await asyncio.sleep(delay)
 
     async def _relist(self) -> list[Event[T]]:
-        state = self.state
-        items: list[T] = []
-        token: str | None = None
-        rv: str | None = None
-        while True:
-            page: Page[T] = await self._client.send(
-                state.calls.list_page(
-                    state.namespace,
-                    label_selector=state.label_selector,
-                    field_selector=state.field_selector,
-                    limit=PAGE_SIZE,
-                    continue_=token,
-                )
-            )
-            items.extend(page.items)
-            rv = rv or page.resource_version
-            token = page.continue_
-            if not token:
-                break
-        return state.on_relisted(Page(items, rv))
+        relist = self.state.relist()
+        while (call := relist.next_call()) is not None:
+            relist.add(await self._client.send(call))
+        return relist.events()

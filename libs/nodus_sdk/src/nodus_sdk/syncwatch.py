@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 import httpx
 
 from nodus_sdk.requesting import Call
-from nodus_sdk.resources import PAGE_SIZE, Page
-from nodus_sdk.watching import Event, Expired, WatchState, reconnectable, unread
+from nodus_sdk.watching import Event, Expired, WatchState, unread
 
 if TYPE_CHECKING:
     from nodus_sdk.syncclient import Client
@@ -85,31 +84,13 @@ class Watch(Generic[T]):
             except Exception as e:
                 if self._closed:
                     return
-                if not reconnectable(e):
-                    raise
-                delay = next(delays, None)
+                delay = state.reconnect_delay(e, delays)
                 if delay is None:
                     raise
-                time.sleep(min(delay, max(state.remaining() or delay, 0)))
+                time.sleep(delay)
 
     def _relist(self) -> Iterator[Event[T]]:
-        state = self.state
-        items: list[T] = []
-        token: str | None = None
-        rv: str | None = None
-        while True:
-            page: Page[T] = self._client.send(
-                state.calls.list_page(
-                    state.namespace,
-                    label_selector=state.label_selector,
-                    field_selector=state.field_selector,
-                    limit=PAGE_SIZE,
-                    continue_=token,
-                )
-            )
-            items.extend(page.items)
-            rv = rv or page.resource_version
-            token = page.continue_
-            if not token:
-                break
-        yield from state.on_relisted(Page(items, rv))
+        relist = self.state.relist()
+        while (call := relist.next_call()) is not None:
+            relist.add(self._client.send(call))
+        yield from relist.events()

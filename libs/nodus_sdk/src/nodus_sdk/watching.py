@@ -3,7 +3,7 @@
 The gateway streams newline-delimited WatchEvents (``{"type": "ADDED", "object": {...}}``). This module is
 the state both clients' iterators share, free of I/O: it reads lines into :class:`Event` objects, keeps
 the last resourceVersion seen (bookmarks included; they are not yielded), and says what to send when
-the connection must be opened again.
+the connection must be opened again, how long to wait before, and which pages a relist asks for.
 
 * **Resume**: a stream that ends (the server's timeout, a dropped connection, a dead peer the read timeout
   finds) is opened again from the last resourceVersion, so no change is lost. Before the first event of a
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Generic, TypeVar
 
@@ -30,8 +30,8 @@ import msgspec
 
 from nodus_schema import ObjectMeta, Status, WatchEvent, status_for
 from nodus_sdk.errors import NotFound, ServerError, Unreachable, error_for
-from nodus_sdk.requesting import decode_body
-from nodus_sdk.resources import Calls, Kind, Page
+from nodus_sdk.requesting import Call, decode_body
+from nodus_sdk.resources import PAGE_SIZE, Calls, Kind, Page
 
 T = TypeVar("T")
 
@@ -106,8 +106,17 @@ class WatchState(Generic[T]):
         remaining = self.remaining()
         return READ_TIMEOUT_S if remaining is None else min(READ_TIMEOUT_S, max(remaining, 0) + 2.0)
 
-    def relist_params(self) -> dict[str, str | None]:
-        return {"label_selector": self.label_selector, "field_selector": self.field_selector}
+    def reconnect_delay(self, error: Exception, delays: Iterator[float]) -> float | None:
+        """How long to wait before opening the watch again after ``error`` (the next of ``delays``, not
+        past the timeout); None: give up and raise it (not :func:`reconnectable`, or no delay left)."""
+        if not reconnectable(error):
+            return None
+        delay = next(delays, None)
+        return None if delay is None else min(delay, max(self.remaining() or delay, 0))
+
+    def relist(self) -> Relist[T]:
+        """A relist after :class:`Expired`: the pages of the list with the watch's selectors."""
+        return Relist(self)
 
     # -- what arrives ----------------------------------------------------------------------------------
     def on_line(self, line: str | bytes) -> Event[T] | None:
@@ -161,6 +170,41 @@ class WatchState(Generic[T]):
         self.known = fresh
         self.resource_version = page.resource_version
         return events
+
+
+class Relist(Generic[T]):
+    """One relist, page after page, free of I/O: a client sends :meth:`next_call` until it is None, gives
+    each page to :meth:`add`, and then yields :meth:`events` (:meth:`WatchState.on_relisted`)."""
+
+    def __init__(self, state: WatchState[T]) -> None:
+        self.state = state
+        self.items: list[T] = []
+        self.resource_version: str | None = None
+        """The first page's: the list's, where the watch goes on from."""
+        self.continue_: str | None = None
+        self.pages = 0
+
+    def next_call(self) -> Call[Page[T]] | None:
+        """The call of the next page; None once a page came without a continue token."""
+        if self.pages and not self.continue_:
+            return None
+        state = self.state
+        return state.calls.list_page(
+            state.namespace,
+            label_selector=state.label_selector,
+            field_selector=state.field_selector,
+            limit=PAGE_SIZE,
+            continue_=self.continue_,
+        )
+
+    def add(self, page: Page[T]) -> None:
+        self.pages += 1
+        self.items.extend(page.items)
+        self.resource_version = self.resource_version or page.resource_version
+        self.continue_ = page.continue_
+
+    def events(self) -> list[Event[T]]:
+        return self.state.on_relisted(Page(self.items, self.resource_version))
 
 
 def _meta(obj: Any) -> ObjectMeta:

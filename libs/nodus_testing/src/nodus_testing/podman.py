@@ -15,11 +15,11 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
-from nodus_testing.processes import spawn_server, stop
+from nodus_testing.processes import ServerProcess, spawn_server, stop
 
 API_VERSION = "v1.41"
 BUSYBOX_TAG = "localhost/nodus-test:busybox"
@@ -46,7 +46,7 @@ def require_binary(name: str) -> str:
     return found
 
 
-class PodmanService:
+class PodmanService(ServerProcess):
     """``podman --runtime runc system service`` on a socket in a temporary directory."""
 
     def __init__(
@@ -87,7 +87,7 @@ class PodmanService:
             timeout=timeout_s,
         )
 
-    def start(self, deadline_s: float = 20.0) -> PodmanService:
+    def start(self, deadline_s: float = 20.0) -> Self:
         began = time.monotonic()
         cmd = [
             self.podman,
@@ -99,13 +99,7 @@ class PodmanService:
             self.docker_host,
         ]
         self.proc = spawn_server(cmd, self.log, cwd=self.base_dir, tie_to_parent=self.tie_to_parent)
-        try:
-            self._wait_ready(deadline_s)
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - began
-        return self
+        return self._await_ready(began, deadline_s)
 
     def _wait_ready(self, deadline_s: float) -> None:
         """Ready means the API answers ``GET /version``, not merely that the socket file exists."""
@@ -129,9 +123,6 @@ class PodmanService:
             f"podman API at {self.socket_path} did not answer within {deadline_s}s "
             f"(last error: {last_error!r}):\n{self._log_tail()}"
         )
-
-    def _log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
 
     def ensure_busybox_image(self, tag: str = BUSYBOX_TAG, deadline_s: float = 60.0) -> str:
         """Import a busybox image under ``tag`` unless podman's store already has it; returns the tag.
@@ -159,17 +150,6 @@ class PodmanService:
     def stop(self, grace_s: float = 5.0) -> None:
         if self.proc:
             stop(self.proc, grace_s=grace_s)
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp:
-            self._tmp.cleanup()
-
-    def __enter__(self) -> PodmanService:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _static_busybox() -> Path:

@@ -1,14 +1,18 @@
-"""Helpers for the real servers the tests start: free ports, log readiness, bounded stops."""
+"""Helpers for the real servers the tests start: free ports, log readiness, bounded stops, and the base
+of the servers that run as one process with a log."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
+from typing import Self
 
 
 def free_port() -> int:
@@ -154,3 +158,54 @@ def spawn_server(
             start_new_session=True,
             preexec_fn=die_with_parent if tie else None,
         )
+
+
+class ServerProcess(abc.ABC):
+    """A test server that runs as one process writing one log (podman's API service, SeaweedFS).
+
+    A subclass spawns ``proc`` in :meth:`start` and hands over to :meth:`_await_ready`, which stops the
+    process again if it never gets ready; ``close`` stops it and removes the temporary directory, if
+    the server made one (``_tmp``).
+    """
+
+    log: Path
+    proc: subprocess.Popen[bytes] | None
+    startup_s: float | None
+    _tmp: tempfile.TemporaryDirectory[str] | None
+
+    @abc.abstractmethod
+    def start(self, deadline_s: float = ...) -> Self:
+        """Spawn the process, then ``return self._await_ready(began, deadline_s)``."""
+
+    @abc.abstractmethod
+    def _wait_ready(self, deadline_s: float) -> None:
+        """Return once the server answers; raise (with :meth:`_log_tail`) if it exits or the time is up."""
+
+    @abc.abstractmethod
+    def stop(self, grace_s: float = ...) -> None:
+        """Stop the process (a bounded wait, then SIGKILL); the log and the directory stay."""
+
+    def _await_ready(self, began: float, deadline_s: float) -> Self:
+        """The end of a start begun at ``began`` (``time.monotonic()``): wait until ready, or stop the
+        process and raise; records ``startup_s``."""
+        try:
+            self._wait_ready(deadline_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - began
+        return self
+
+    def _log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

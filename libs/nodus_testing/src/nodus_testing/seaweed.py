@@ -16,9 +16,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from nodus_testing.processes import free_ports_with_offset, spawn_server, stop, venv_bin
+from nodus_testing.processes import ServerProcess, free_ports_with_offset, spawn_server, stop, venv_bin
 
 GRPC_OFFSET = 10000
 READY_BUCKET = "nodus-ready"
@@ -26,7 +26,7 @@ REGION = "us-east-1"
 MAX_VOLUMES = 256
 
 
-class SeaweedS3:
+class SeaweedS3(ServerProcess):
     """One ``weed server`` (master, volume, filer, S3) in a temporary directory.
 
     Only ``access_key``/``secret_key`` are accepted (see ``__init__``). The readiness probe leaves a
@@ -126,7 +126,7 @@ class SeaweedS3:
             "-master.telemetry=false",
         ]
 
-    def start(self, deadline_s: float = 30.0) -> SeaweedS3:
+    def start(self, deadline_s: float = 30.0) -> Self:
         began = time.monotonic()
         # weed writes glog files to $TMPDIR unless told otherwise; keep them with the instance.
         env = {
@@ -140,13 +140,7 @@ class SeaweedS3:
         self.proc = spawn_server(
             self.command(), self.log, cwd=self.data_dir, env=env, tie_to_parent=self.tie_to_parent
         )
-        try:
-            self._wait_ready(deadline_s)
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - began
-        return self
+        return self._await_ready(began, deadline_s)
 
     def _wait_ready(self, deadline_s: float) -> None:
         """Poll until a signed create-bucket, put and get succeed, or fail with the log's tail."""
@@ -191,9 +185,6 @@ class SeaweedS3:
             f"(last error: {last_error!r}):\n{self._log_tail()}"
         )
 
-    def _log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
-
     def stop(self, grace_s: float = 1.0) -> None:
         """SIGTERM, then SIGKILL after ``grace_s``.
 
@@ -215,14 +206,3 @@ class SeaweedS3:
         ):
             with contextlib.suppress(OSError):
                 Path(f"/tmp/seaweedfs-{name}-grpc-{port + GRPC_OFFSET}.sock").unlink()
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp:
-            self._tmp.cleanup()
-
-    def __enter__(self) -> SeaweedS3:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

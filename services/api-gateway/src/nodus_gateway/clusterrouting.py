@@ -26,21 +26,13 @@ from starlette.responses import Response
 from nodus_gateway import bodies
 from nodus_gateway.authorizing import authorize
 from nodus_gateway.deleting import delete_object, delete_options
-from nodus_gateway.querying import (
-    ContinueQ,
-    DryRunQ,
-    LabelSelectorQ,
-    LimitQ,
-    PropagationQ,
-    WatchQ,
-    dry_run_of,
-)
+from nodus_gateway.querying import DryRunQ, PageQ, PageQuery, PropagationQ, dry_run_of
 from nodus_gateway.resources import RESOURCES, Resource, Stores
 from nodus_gateway.responding import ApiError, not_found, object_response, store_errors
-from nodus_gateway.routing import API_PREFIX
+from nodus_gateway.routing import API_PREFIX, page_response
 from nodus_kit.selecting import Selector
 from nodus_kit.storing import ObjectStore
-from nodus_schema import ListMeta, status_for, to_builtins
+from nodus_schema import status_for
 
 # Namespaces and names are DNS-1123 labels: they become NATS subject tokens, where "." splits tokens and
 # "*" / ">" are wildcards, so they are checked before any store access.
@@ -94,15 +86,25 @@ async def list_response(
             limit=limit or None,
             continue_token=continue_ or None,
         )
-    meta = ListMeta(
-        resource_version=str(page.resource_version),
-        continue_=page.continue_token,
-        remaining_item_count=page.remaining,
+    return page_response(res, page)
+
+
+async def serve_list(
+    request: Request, res: Resource, store: ObjectStore[Any], namespace: str | None, query: PageQuery
+) -> Response:
+    """A list route of a row that only pages and selects by labels: authorized (a watch as a watch,
+    then refused), then :func:`list_response`."""
+    await authorize(request, "watch" if truthy(query.watch) else "list", res.plural, namespace)
+    if truthy(query.watch):
+        raise no_watch(res)
+    return await list_response(
+        res,
+        store,
+        namespace,
+        label_selector=query.label_selector,
+        limit=query.limit,
+        continue_=query.continue_,
     )
-    out = to_builtins(res.list_type(metadata=meta, items=[res.redact(o) for o in page.items]))
-    # Clients index "items" without a default; the list types keep it, and this keeps it for sure.
-    out.setdefault("items", [])
-    return object_response(out)
 
 
 def method_not_allowed(res: Resource, method: str, *, item: bool = False) -> ApiError:
@@ -159,20 +161,8 @@ def read_only_router(res: Resource, stores: Stores, *, max_body_bytes: int) -> A
         return namespace
 
     @router.get(collection, name=f"list {res.plural}")
-    async def list_(
-        request: Request,
-        label_selector: LabelSelectorQ = None,
-        limit: LimitQ = None,
-        continue_: ContinueQ = None,
-        watch: WatchQ = None,
-    ) -> Response:
-        namespace = _namespace(request)
-        await authorize(request, "watch" if truthy(watch) else "list", res.plural, namespace)
-        if truthy(watch):
-            raise no_watch(res)
-        return await list_response(
-            res, store, namespace, label_selector=label_selector, limit=limit, continue_=continue_
-        )
+    async def list_(request: Request, query: PageQ) -> Response:
+        return await serve_list(request, res, store, _namespace(request), query)
 
     @router.get(item, name=f"get {res.singular}")
     async def get(request: Request, name: str) -> Response:

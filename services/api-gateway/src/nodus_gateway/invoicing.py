@@ -17,8 +17,6 @@ change in the middle of a month never shows one rate for hours billed at two.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from typing import Any, Final
 from nodus_schema import to_builtins
 from nodus_schema.billing import Invoice, InvoiceLine, UsageItem, UsageList, UsageRow
 from nodus_schema.quantities import micros_to_usd
+from nodus_schema.wire import csv_text
 
 MONTH: Final = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
 """A UTC month as the API writes it: ``YYYY-MM``."""
@@ -192,15 +191,6 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _csv(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """RFC 4180: comma-separated, CRLF line ends, quoted only where a cell needs it."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    return out.getvalue()
-
-
 def _cells(obj: Any, columns: Sequence[str]) -> list[str]:
     data = to_builtins(obj)
     return [_cell(data.get(c)) for c in columns]
@@ -208,7 +198,7 @@ def _cells(obj: Any, columns: Sequence[str]) -> list[str]:
 
 def usage_csv(usage: UsageList) -> str:
     """The usage export as CSV: the header, then one row per Attempt (the JSON items' values)."""
-    return _csv(USAGE_COLUMNS, (_cells(item, USAGE_COLUMNS) for item in usage.items))
+    return csv_text(USAGE_COLUMNS, (_cells(item, USAGE_COLUMNS) for item in usage.items))
 
 
 def invoice_csv(inv: Invoice) -> str:
@@ -217,4 +207,4 @@ def invoice_csv(inv: Invoice) -> str:
     hours = sum((Decimal(line.quantity) for line in inv.lines), Decimal("0.000000"))
     attempts = sum(line.attempts for line in inv.lines)
     rows.append([TOTAL, "", "", "", str(attempts), str(hours), inv.total_usd, inv.covered_usd])
-    return _csv(INVOICE_COLUMNS, rows)
+    return csv_text(INVOICE_COLUMNS, rows)

@@ -1,6 +1,6 @@
 """The query parameters of the API's routes, under Kubernetes' (camelCase) names, and what a list or a
-write takes from them (FastAPI dependencies: ``ListQ``, ``WriteQ``). ``dryRun`` and ``fieldValidation``
-are read here for every route that writes, the admin kinds' too.
+write takes from them (FastAPI dependencies: ``ListQ``, ``PageQ``, ``WriteQ``). ``dryRun`` and
+``fieldValidation`` are read here for every route that writes, the admin kinds' too.
 
 Each alias is read twice over: by FastAPI (the OpenAPI documents, and the requests it handles) and by the
 gateway's direct lane (dispatching.py), which reads only the aliases and dependencies listed in
@@ -76,6 +76,29 @@ ListQ = Annotated[ListQuery, Depends(_list_query)]
 
 
 @dataclass(frozen=True, slots=True)
+class PageQuery:
+    """The query of a list that only pages and selects by labels (the rows clusterrouting.py serves, and
+    secrets); ``watch`` is read to be refused."""
+
+    label_selector: str | None
+    limit: int | None
+    continue_: str | None
+    watch: str | None
+
+
+async def _page_query(
+    label_selector: LabelSelectorQ = None,
+    limit: LimitQ = None,
+    continue_: ContinueQ = None,
+    watch: WatchQ = None,
+) -> PageQuery:
+    return PageQuery(label_selector, limit, continue_, watch)
+
+
+PageQ = Annotated[PageQuery, Depends(_page_query)]
+
+
+@dataclass(frozen=True, slots=True)
 class WriteOptions:
     """What every write takes from its query: how to treat unknown fields, and whether to store."""
 
@@ -120,4 +143,8 @@ QUERIES: Final[tuple[Any, ...]] = (
     PropagationQ,
     DryRunQ,
 )
-DEPENDENCIES: Final[tuple[tuple[Any, Any], ...]] = ((ListQ, _list_query), (WriteQ, _write_options))
+DEPENDENCIES: Final[tuple[tuple[Any, Any], ...]] = (
+    (ListQ, _list_query),
+    (PageQ, _page_query),
+    (WriteQ, _write_options),
+)

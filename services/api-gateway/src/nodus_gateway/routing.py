@@ -194,7 +194,8 @@ def _refusal(res: Resource, name: str | None, estimate: Estimate) -> ApiError:
     return ApiError(status)
 
 
-def _list_response(res: Resource, page: Page[Any]) -> Response:
+def page_response(res: Resource, page: Page[Any]) -> Response:
+    """One page of a list as its list type writes it, each item through the row's redaction."""
     meta = ListMeta(
         resource_version=str(page.resource_version),
         continue_=page.continue_token,
@@ -417,7 +418,7 @@ class _Routes:
                 limit=q.limit or None,
                 continue_token=q.continue_ or None,
             )
-        return _list_response(self.res, page)
+        return page_response(self.res, page)
 
     # -- get ------------------------------------------------------------------------------------------
     async def get(self, namespace: str, name: str, request: Request) -> Response:
@@ -633,7 +634,7 @@ class _Routes:
             except kit.NotFound:
                 continue  # deleted by someone else meanwhile: gone, as asked
         # Kubernetes answers a deletecollection of custom resources with the list of what it deleted.
-        return _list_response(self.res, Page(deleted, page.resource_version, None, None))
+        return page_response(self.res, Page(deleted, page.resource_version, None, None))
 
     # -- bodies ---------------------------------------------------------------------------------------
     async def _body(self, request: Request) -> Any:

@@ -34,8 +34,8 @@ from starlette.responses import Response
 from nodus_gateway import bodies, patching
 from nodus_gateway.admitting import admit_create, check_resource_version
 from nodus_gateway.authorizing import authorize, principal_of
-from nodus_gateway.clusterrouting import check_name, check_namespace, list_response, no_watch, truthy
-from nodus_gateway.querying import ContinueQ, LabelSelectorQ, LimitQ, WatchQ
+from nodus_gateway.clusterrouting import check_name, check_namespace, list_response, serve_list
+from nodus_gateway.querying import ContinueQ, LabelSelectorQ, LimitQ, PageQ
 from nodus_gateway.resources import Resource, Stores, resource
 from nodus_gateway.responding import ApiError, already_exists, invalid, object_response, store_errors
 from nodus_gateway.routing import API_PREFIX
@@ -208,21 +208,9 @@ def secret_router(stores: Stores, *, max_body_bytes: int) -> APIRouter:
         return object_response(res.redact(created), 201)
 
     @router.get(collection, name="list secrets")
-    async def list_(
-        namespace: str,
-        request: Request,
-        label_selector: LabelSelectorQ = None,
-        limit: LimitQ = None,
-        continue_: ContinueQ = None,
-        watch: WatchQ = None,
-    ) -> Response:
+    async def list_(namespace: str, request: Request, query: PageQ) -> Response:
         check_namespace(namespace)
-        await authorize(request, "watch" if truthy(watch) else "list", res.plural, namespace)
-        if truthy(watch):
-            raise no_watch(res)
-        return await list_response(
-            res, store, namespace, label_selector=label_selector, limit=limit, continue_=continue_
-        )
+        return await serve_list(request, res, store, namespace, query)
 
     @router.get(f"{API_PREFIX}/{res.plural}", name="list secrets in all namespaces")
     async def list_all(

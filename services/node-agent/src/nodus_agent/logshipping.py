@@ -42,7 +42,7 @@ from nats.aio.client import Client as NATS
 from nodus_kit import tracing
 from nodus_kit.backingoff import Backoff
 from nodus_kit.messaging import MSG_ID
-from nodus_schema.messages import LogLine, LogLines, StartAttempt
+from nodus_schema.messages import AttemptMessage, LogLine, LogLines
 
 log = logging.getLogger(__name__)
 
@@ -70,24 +70,9 @@ def log_subject(node: str, namespace: str, job: str, attempt: str) -> str:
     return f"{SUBJECT_PREFIX}.{node}.{namespace}.{job}.{attempt}"
 
 
-@dataclass(frozen=True, slots=True)
-class LogSource:
-    """Whose log it is: what every batch says about its attempt."""
-
-    namespace: str
-    job: str
-    attempt: str
-    index: int
-    attempt_no: int
-    node: str
-
-    @classmethod
-    def of(cls, msg: StartAttempt) -> LogSource:
-        return cls(msg.namespace, msg.job, msg.attempt, msg.index, msg.attempt_no, msg.node)
-
-    @property
-    def subject(self) -> str:
-        return log_subject(self.node, self.namespace, self.job, self.attempt)
+def subject_of(source: AttemptMessage) -> str:
+    """The subject of a run's log batches (``source``: its StartAttempt, or one of the batches)."""
+    return log_subject(source.node, source.namespace, source.job, source.attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +258,7 @@ class LogShipper:
     def __init__(
         self,
         nc: NATS,
-        source: LogSource,
+        source: AttemptMessage,
         log_path: Path,
         *,
         cursor_path: Path | None = None,
@@ -281,7 +266,8 @@ class LogShipper:
         limits: Limits | None = None,
     ) -> None:
         """``nc``: the agent's connection (it reconnects by itself); while it is down nothing is published
-        (the client's reconnect buffer would only fill with copies of one batch)."""
+        (the client's reconnect buffer would only fill with copies of one batch). ``source``: whose log it
+        is (the run's StartAttempt): what every batch says about its attempt."""
         self.nc, self.js, self.source, self.log_path = nc, nc.jetstream(), source, log_path
         self.cursor_path = cursor_path or log_path.with_name(CURSOR)
         self.redactor = Redactor(secrets)
@@ -414,7 +400,7 @@ class LogShipper:
                 else nats.errors.ConnectionClosedError()
             )
         headers = tracing.inject({MSG_ID: msg_id})
-        await self.js.publish(s.subject, _encoder.encode(msg), timeout=PUBLISH_TIMEOUT_S, headers=headers)
+        await self.js.publish(subject_of(s), _encoder.encode(msg), timeout=PUBLISH_TIMEOUT_S, headers=headers)
         self.published += 1
         self.cursor = Cursor(offset=batch.end)
         await asyncio.to_thread(save_cursor, self.cursor_path, self.cursor)
@@ -443,7 +429,7 @@ class LogShipper:
 
 async def ship_remaining(
     nc: NATS,
-    source: LogSource,
+    source: AttemptMessage,
     log_path: Path,
     *,
     secrets: Iterable[str] = (),

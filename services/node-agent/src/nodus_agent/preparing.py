@@ -25,7 +25,7 @@ from nodus_agent.attemptdir import AttemptDir
 from nodus_agent.checkpointing import Checkpointer, CheckpointError, CheckpointInfo, Notify
 from nodus_agent.granting import Grants, NotBound
 from nodus_agent.inputcontext import InputContext, InputError, InputRecord, InputSettings, S3Credentials
-from nodus_agent.logshipping import LogShipper, LogSource
+from nodus_agent.logshipping import LogShipper
 from nodus_agent.s3 import S3Settings
 from nodus_agent.secrets import Resolved, SecretError, SecretReader
 from nodus_agent.settings import AgentSettings
@@ -320,6 +320,4 @@ async def start_log_shipper(
     Job is not known)."""
     if toolkit.nc is None or not msg.job:
         return None
-    return await LogShipper(
-        toolkit.nc, LogSource.of(msg), adir.log, secrets=prepared.secrets.values()
-    ).start()
+    return await LogShipper(toolkit.nc, msg, adir.log, secrets=prepared.secrets.values()).start()
