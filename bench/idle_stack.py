@@ -4,8 +4,8 @@ Run against a stack from ``make up`` (it reads ``.nodus/local.env`` and ``.nodus
 ``python -m bench.idle_stack 3000`` creates that many Jobs suspended, cancels them, waits until billing has
 written every final cost, lets the stack settle for 45 s, then prints each process's share of one core
 over the next 30 s. ``python -m bench.idle_stack 3000 suspended`` leaves them Suspended instead (and waits
-until the scheduler has written each one's Suspended phase). Not part of ``make bench``: it needs a stack
-of its own (``localstack up --fresh``).
+until the scheduler has written each one's Suspended phase and billing its cost). Not part of
+``make bench``: it needs a stack of its own (``localstack up --fresh``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def _final(job: dict[str, Any]) -> bool:
 
 
 def _suspended(job: dict[str, Any]) -> bool:
-    return job.get("status", {}).get("phase") == "Suspended"
+    """Held Suspended by the scheduler, and its cost (nothing held) written by billing."""
+    status = job.get("status", {})
+    return status.get("phase") == "Suspended" and status.get("cost") is not None
 
 
 async def _count(http: httpx.AsyncClient, done: Any) -> int:
