@@ -34,12 +34,19 @@ def budget_ref(name: str, uid: str | None) -> str:
 
 
 class Budgets:
-    def __init__(self, nc: NATS, books: Books) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        books: Books,
+        *,
+        view: Informer[Budget] | None = None,
+        requeue_project: Callable[[str], None] = lambda project: None,
+    ) -> None:
         self.books = books
         self.store = ObjectStore(nc, "budgets", Budget)
-        self.view: Informer[Budget] | None = None
-        """The leader's informer of Budgets, which the reconcile reads (set by the service)."""
-        self.requeue_project: Callable[[str], None] = lambda project: None
+        self.view = view
+        """The informer of Budgets the reconcile reads (the service's)."""
+        self.requeue_project = requeue_project
 
     async def reconcile(self, key: tuple[str, str]) -> float | None:
         ns, name = key

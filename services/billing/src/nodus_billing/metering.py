@@ -149,7 +149,15 @@ Requeue = Callable[[Key, float], None]
 
 
 class Metering:
-    def __init__(self, nc: NATS, books: Books, terms: Terms, views: Views | None = None) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        books: Books,
+        terms: Terms,
+        views: Views | None = None,
+        *,
+        requeue: Requeue = lambda key, delay_s: None,
+    ) -> None:
         self.books = books
         self.terms = terms
         # The stores: what billing writes, and what the hold endpoint reads (on every replica).
@@ -158,8 +166,8 @@ class Metering:
         self.attempts = ObjectStore(nc, "attempts", Attempt)
         self.funding = ObjectStore(nc, FUNDING_BUCKET, Funding)
         self.views = views
-        """The leader's informers, which the reconcile reads (set by the service; None: holds only)."""
-        self.requeue: Requeue = lambda key, delay_s: None  # the meter's enqueue, set by the service
+        """The informers the reconcile reads (the service's; None: holds only)."""
+        self.requeue = requeue  # the meter's enqueue (a write whose echo the view will not tell)
         self._rest: dict[Key, str] = {}
         """Jobs the last reconcile found at rest, with the resourceVersion it found so (see settled)."""
 

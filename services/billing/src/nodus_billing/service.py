@@ -54,10 +54,13 @@ from nodus_kit.keying import Event
 from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer, Delivery
 from nodus_kit.servicing import Service
+from nodus_kit.storing import ObjectStore
 from nodus_kit.vouching import REPORT_PREFIX, Forgeries, sender
-from nodus_schema.attempts import JOB_LABEL
+from nodus_schema.attempts import JOB_LABEL, Attempt
+from nodus_schema.billing import FUNDING_BUCKET, Budget, Funding
+from nodus_schema.jobs import Job
 from nodus_schema.messages import AttemptFinished, Report
-from nodus_schema.sweeps import SWEEP_LABEL
+from nodus_schema.sweeps import SWEEP_LABEL, Sweep
 
 
 class BillingService(Service):
@@ -69,16 +72,25 @@ class BillingService(Service):
         self.terms = Terms.of(config)
         self.expiry_ms = round(config.hold_expiry_s * 1000)  # how long past its funding a hold lives on
         self.books = Books(self.bus, starting_micros=config.starting_micros)
-        m = self.metering = Metering(self.bus, self.books, self.terms)
-        self.budgets = Budgets(self.bus, self.books)
-        self.views = m.views = Views(
-            jobs=Informer(m.jobs, indexers={BY_SWEEP: labelled(SWEEP_LABEL)}, name="billing:jobs"),
-            attempts=Informer(m.attempts, indexers={BY_JOB: labelled(JOB_LABEL)}, name="billing:attempts"),
-            sweeps=Informer(m.sweeps, name="billing:sweeps"),
-            funding=Informer(m.funding, indexers={BLOCKED: blocked}, name="billing:funding"),
-            books=Informer(glances(self.bus), indexers={OPEN: open_holds}, name="billing:holds"),
+        bus = self.bus
+        self.views = Views(
+            jobs=Informer(ObjectStore(bus, "jobs", Job), indexers={BY_SWEEP: labelled(SWEEP_LABEL)}),
+            attempts=Informer(ObjectStore(bus, "attempts", Attempt), indexers={BY_JOB: labelled(JOB_LABEL)}),
+            sweeps=Informer(ObjectStore(bus, "sweeps", Sweep)),
+            funding=Informer(ObjectStore(bus, FUNDING_BUCKET, Funding), indexers={BLOCKED: blocked}),
+            books=Informer(glances(bus), indexers={OPEN: open_holds}, name="billing:holds"),
         )
-        budgets = self.budgets.view = Informer(self.budgets.store, name="billing:budgets")
+        budgets = Informer(ObjectStore(bus, "budgets", Budget))
+        # The controllers are made below; what reaches them from outside an informer (a report, a grant)
+        # goes through these, which read them when called.
+        m = self.metering = Metering(
+            bus,
+            self.books,
+            self.terms,
+            self.views,
+            requeue=lambda key, delay_s: self.meter.enqueue(key, delay_s),
+        )
+        self.budgets = Budgets(bus, self.books, view=budgets, requeue_project=self._requeue_project)
         self.informers: list[Informer[Any]] = [*self.views.all(), budgets]  # stopped by stop()
         self.meter = Controller(
             "billing-meter",
@@ -94,11 +106,9 @@ class BillingService(Service):
             workers=4,
             resync_s=config.resync_s,
         )
-        m.requeue = self.meter.enqueue
         self.budgeter = Controller(
             "billing-budgets", self.budgets.reconcile, for_=budgets, workers=1, resync_s=config.resync_s
         )
-        self.budgets.requeue_project = self._requeue_project
         self._sweep_specs: dict[Key, tuple[str | None, int | None]] = {}
         self._open: dict[str, set[str]] = {}  # per project, the open holds the meter was told of
         # Reports only speed things up (the Attempt's phase is what counts): every replica shares the one
