@@ -146,6 +146,9 @@ def _plain(value: float) -> str:
     return "0" if text == "-0" else text
 
 
+# Floats here are pixel positions on the chart, never money: matplotlib places marks and asks for tick
+# labels in floats. Costs are summed and compared as Decimal strings elsewhere (layout()); only drawing
+# converts them, and a tick label is a rounded position, not an amount anyone is charged.
 def usd_tick(value: float, _position: int | None = None) -> str:
     """A cost tick as money: ``$0.05``, ``$1.50``, ``$12``, ``$1,000``; sub-cent amounts keep their
     digits (``$0.0025``)."""

@@ -115,6 +115,8 @@ class Controller:
         self._running = False
         self.reconciles = 0
         self.failures = 0
+        self.resyncs = 0
+        """Resync walks done (tests await a number of them instead of sleeping)."""
         self.reconcile = measuring.metered_reconcile(self.name, self.reconcile)
         measuring.watch_queue(self)
         self.for_.add_handler(self._on_own)
@@ -205,6 +207,7 @@ class Controller:
         while True:
             await asyncio.sleep(self.resync_s)
             self._enqueue_unsettled()
+            self.resyncs += 1
 
     async def _work(self) -> None:
         while True:
