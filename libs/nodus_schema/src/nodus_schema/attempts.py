@@ -76,6 +76,40 @@ class CheckpointRecord(Wire):
     time: str | None = None
 
 
+class SourceRecord(Wire):
+    """The code an Attempt ran (spec.source, ADR-0036): the commit a git ref resolved to on the node, or the
+    uploaded blob's digest. A Sweep's cells each say which code they ran."""
+
+    repo: str | None = None
+    """The repository's URL as fetched (never with a token in it)."""
+    ref: str | None = None
+    commit: str | None = None
+    """The full commit id the checkout is at."""
+    blob: str | None = None
+    millis: int | None = None
+    """How long the checkout or the blob's download and extraction took."""
+
+
+class MountRecord(Wire):
+    """One Volume revision or Workspace an Attempt had mounted (ADR-0036)."""
+
+    name: str = ""
+    """The Volume (spec.volumes[].volume, inputs[].volume.name) or the Workspace (fromWorkspace.name)."""
+    kind: str = "Volume"
+    """Volume or Workspace."""
+    mount_path: str | None = None
+    """Where the program saw it: the mountPath, or /nodus/inputs/<input>."""
+    revision: int | None = None
+    digest: str | None = None
+    read_only: bool = True
+    cache_hit: bool | None = None
+    """True when the node's cache already held the revision and nothing was downloaded."""
+    size_bytes: int | None = None
+    millis: int | None = None
+    committed_revision: int | None = None
+    """A writable mount: the revision its content became when the index succeeded."""
+
+
 class OutputRecord(Wire):
     """One output an index committed when it succeeded (docs/checkpoints.md, "Outputs")."""
 
@@ -112,6 +146,10 @@ class AttemptStatus(Wire):
     """The checkpoint restored into this Attempt before its command started."""
     outputs: list[OutputRecord] = msgspec.field(default_factory=list)
     """What the index committed when this Attempt succeeded."""
+    source: SourceRecord | None = None
+    """The code this Attempt ran (the commit of spec.source.git, or the blob)."""
+    mounts: list[MountRecord] = msgspec.field(default_factory=list)
+    """The Volume revisions and Workspaces it had mounted, with cache hits."""
     billing_start_ms: int | None = None
     """The node's clock (epoch ms) when it began the run (reported): billing's start, the Boot segment's."""
     program_start_ms: int | None = None

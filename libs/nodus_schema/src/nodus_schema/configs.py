@@ -44,6 +44,7 @@ __all__ = [
     "ConnectionList",
     "ConnectionSpec",
     "ConnectionStatus",
+    "GitConnection",
     "PostgresConnection",
     "S3Connection",
     "Secret",
@@ -64,7 +65,7 @@ MAX_SECRET_BYTES: Final = 1 << 20
 REDACTED_ANNOTATION: Final = "nodus.dev/redacted"
 """Set on every Secret the API returns: its ``data`` values were replaced by "" (value: ``data``)."""
 
-CONNECTION_TYPES: Final = ("S3", "Postgres")
+CONNECTION_TYPES: Final = ("S3", "Postgres", "Git")
 POSTGRES_PROVIDERS: Final = ("Postgres", "Neon", "Supabase")
 SSL_MODES: Final = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 # The modes that may talk plaintext ("prefer" silently falls back to it): loopback hosts only.
@@ -180,6 +181,19 @@ class S3Connection(Wire):
     """With ``accessKeyIdRef``, or neither (a public bucket)."""
 
 
+class GitConnection(Wire):
+    """A git host that serves private repositories over https (ADR-0036): ``spec.source.git`` of a Job that
+    lists this Connection in ``spec.connections`` is fetched with its token when the repository's URL
+    starts with ``url``."""
+
+    url: str | None = None
+    """``https://github.com`` or ``https://git.example.com/team``: the repositories it applies to."""
+    username: str | None = None
+    """Sent with the token as HTTP basic auth; default ``x-access-token`` (GitHub, Gitea, GitLab)."""
+    token_ref: SecretKeySelector | None = None
+    """The Secret key holding the token (never in a log, a status or the Job)."""
+
+
 class PostgresConnection(Wire):
     """A PostgreSQL database; ``provider`` names a hosted flavour (Neon, Supabase), which needs TLS."""
 
@@ -197,9 +211,10 @@ class PostgresConnection(Wire):
 
 class ConnectionSpec(Wire):
     type: str | None = None
-    """S3 or Postgres; the block of that name holds the endpoint."""
+    """S3, Postgres or Git; the block of that name holds the endpoint."""
     s3: S3Connection | None = msgspec.field(default=None, name="s3")
     postgres: PostgresConnection | None = None
+    git: GitConnection | None = None
 
 
 class ConnectionStatus(Wire):
@@ -249,10 +264,10 @@ def validate_connection(conn: Connection) -> list[FieldError]:
     errs.extend(validate_object_meta(conn.metadata, max_name=MAX_NAME))
     spec, path = conn.spec, Path("spec")
     if spec.type is None:
-        errs.required(path.child("type"), "Required value: S3 or Postgres")
+        errs.required(path.child("type"), "Required value: S3, Postgres or Git")
     elif spec.type not in CONNECTION_TYPES:
         errs.not_supported(path.child("type"), spec.type, CONNECTION_TYPES)
-    blocks = {"S3": ("s3", spec.s3), "Postgres": ("postgres", spec.postgres)}
+    blocks = {"S3": ("s3", spec.s3), "Postgres": ("postgres", spec.postgres), "Git": ("git", spec.git)}
     for type_, (field, block) in blocks.items():
         if block is not None and spec.type != type_:
             errs.forbidden(path.child(field), f"only for type {type_}; this Connection is {spec.type}")
@@ -262,6 +277,8 @@ def validate_connection(conn: Connection) -> list[FieldError]:
         _s3(errs, path.child("s3"), spec.s3)
     if spec.type == "Postgres" and spec.postgres is not None:
         _postgres(errs, path.child("postgres"), spec.postgres)
+    if spec.type == "Git" and spec.git is not None:
+        _git(errs, path.child("git"), spec.git)
     return errs.as_list()
 
 
@@ -318,6 +335,18 @@ def _endpoint(errs: ErrorList, path: Path, endpoint: str) -> None:
         errs.forbidden(path, "credentials in a URL end up in logs; use accessKeyIdRef and secretAccessKeyRef")
     elif parts.query or parts.fragment:
         errs.invalid(path, endpoint, "must not have a query or fragment")
+
+
+def _git(errs: ErrorList, path: Path, git: GitConnection) -> None:
+    url = _present(errs, path.child("url"), git.url, "the https:// URL of the git host")
+    if url is not None:
+        _endpoint(errs, path.child("url"), url)
+    if git.username is not None and (not git.username or any(c in git.username for c in ":@/ \n")):
+        errs.invalid(path.child("username"), git.username, "a user name without ':', '@', '/' or spaces")
+    if git.token_ref is None:
+        errs.required(path.child("tokenRef"), "Required value: the Secret key holding the token")
+    else:
+        _secret_ref(errs, path.child("tokenRef"), git.token_ref)
 
 
 def _postgres(errs: ErrorList, path: Path, pg: PostgresConnection) -> None:

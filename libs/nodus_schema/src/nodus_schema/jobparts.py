@@ -61,6 +61,7 @@ __all__ = [
     "outputs",
     "unavailable",
     "volumes",
+    "writers",
 ]
 
 MAX_COMPLETIONS: Final = 10_000
@@ -111,16 +112,14 @@ _SQL_TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,
 # Not supported yet
 # ---------------------------------------------------------------------------------------------------------
 
-_INPUT_SOURCE_NAMES = "url, bucket or output"
-"""The input kinds the node agent materialises (ADR-0020)."""
+_INPUT_SOURCE_NAMES = "volume, output, bucket, url or fromWorkspace"
+"""The input kinds the node agent materialises (ADR-0020, ADR-0036)."""
 _INPUTS_INSTEAD = (
     f"use {_INPUT_SOURCE_NAMES} instead: an https:// file, an S3 object or prefix, or another Job's "
     "committed output"
 )
 
 _UNSUPPORTED_INPUTS: Final = {
-    "volume": "Volumes",
-    "fromWorkspace": "Workspaces",
     "fromStage": "Pipelines",
 }
 """Input kinds the reference lists whose objects Nodus does not have yet."""
@@ -136,23 +135,6 @@ def unavailable(errs: ErrorList, path: Path, spec: JobSpec) -> None:
     """The JobSpec fields Nodus accepts the shape of but does not honour (yet). Parts checked elsewhere:
     input kinds (:func:`inputs`), sidecar startupTimeout and env valueFrom (:func:`container`), egress
     presets, checkpoint integration and scaledownWindow (``jobrules.py``)."""
-    if spec.volumes:
-        not_supported_yet(
-            errs,
-            path.child("volumes"),
-            "volumes are",
-            "Nodus has no Volumes",
-            f"{_INPUTS_INSTEAD}, mounted read-only under /nodus/inputs; keep what must outlive a run "
-            "under /nodus/state (checkpoints) or /nodus/outputs",
-        )
-    if spec.source is not None:
-        not_supported_yet(
-            errs,
-            path.child("source"),
-            "source is",
-            "Nodus checks out no git repository and keeps no uploaded blobs",
-            "use an image that contains the code instead, or fetch the code as an input (url or bucket)",
-        )
     if spec.service_account_name is not None:
         not_supported_yet(
             errs,
@@ -247,8 +229,8 @@ def _git_path(errs: ErrorList, path: Path, value: str | None) -> None:
 
 
 def _source(errs: ErrorList, path: Path, src: Source | None) -> None:
-    """The shape of spec.source, checked although the field is refused (:func:`unavailable`): one answer
-    lists every problem, and these rules are ready for when it is supported."""
+    """spec.source: exactly one of git and blob. Whether the blob was uploaded, and whether the repository
+    and ref exist, the gateway checks at admission (ADR-0036)."""
     if src is None:
         return
     if src.git is not None and src.blob is not None:
@@ -448,7 +430,8 @@ def outputs(errs: ErrorList, path: Path, items: list[JobOutput]) -> None:
 
 
 def volumes(errs: ErrorList, path: Path, items: list[VolumeMount]) -> None:
-    """The shape of spec.volumes, checked although the field is refused (:func:`unavailable`)."""
+    """spec.volumes: each a Volume at an absolute mount point outside the OS trees and /nodus, a pinned
+    revision only read-only, no mount inside another, one mount per Volume (ADR-0036)."""
     for i, v in enumerate(items):
         vp = path.index(i)
         if required(errs, vp.child("volume"), v.volume, "the Volume's name"):
@@ -459,3 +442,46 @@ def volumes(errs: ErrorList, path: Path, items: list[VolumeMount]) -> None:
         if v.revision is not None and not v.read_only:
             errs.forbidden(vp.child("revision"), "a revision can only be pinned with readOnly: true")
     unique_at(errs, path, [v.mount_path for v in items], "mountPath")
+    unique_at(errs, path, [v.volume for v in items], "volume")
+    _not_nested(errs, path, [(i, v.mount_path) for i, v in enumerate(items) if v.mount_path])
+
+
+def _not_nested(errs: ErrorList, path: Path, mounts: list[tuple[int, str]]) -> None:
+    """No mount point inside another: the inner one would hide or be hidden by the outer's files."""
+    for i, inner in mounts:
+        for j, outer in mounts:
+            if i != j and inner.startswith(outer.rstrip("/") + "/"):
+                errs.forbidden(
+                    path.index(i).child("mountPath"),
+                    f"{inner!r} is inside spec.volumes[{j}].mountPath {outer!r}; mount them side by side",
+                )
+
+
+def writers(errs: ErrorList, path: Path, spec: JobSpec, *, in_sweep: bool = False) -> None:
+    """A writable mount commits the next revision when its index succeeds: one index, one writer. Several
+    indexes of a Job, or the cells of a Sweep, would write at once, so they are refused (ADR-0036)."""
+    for i, v in enumerate(spec.volumes):
+        if v.read_only:
+            continue
+        vp = path.child("volumes").index(i).child("readOnly")
+        if in_sweep:
+            errs.forbidden(
+                vp,
+                "a Sweep's cells would write the same Volume at once; mount it readOnly: true, and write "
+                "results as outputs (or run the writer as a Job of its own)",
+            )
+        elif (spec.completions or 1) > 1:
+            errs.forbidden(
+                vp,
+                f"the {spec.completions} indexes of this Job would write the same Volume at once; mount it "
+                "readOnly: true, or use completions: 1",
+            )
+    git = spec.source.git if spec.source is not None else None
+    if git is not None and git.path and git.path.startswith("/"):
+        for i, v in enumerate(spec.volumes):
+            mp = (v.mount_path or "").rstrip("/")
+            if mp and (git.path == mp or git.path.startswith(mp + "/") or mp.startswith(git.path + "/")):
+                errs.forbidden(
+                    path.child("source").child("git").child("path"),
+                    f"{git.path!r} overlaps spec.volumes[{i}].mountPath {v.mount_path!r}; use another path",
+                )

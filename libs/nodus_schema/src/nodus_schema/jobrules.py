@@ -26,7 +26,15 @@ from nodus_schema.checks import (
 )
 from nodus_schema.fielding import ErrorList, Path
 from nodus_schema.gpus import GPURequest, parse_gpu_parts
-from nodus_schema.jobparts import MAX_COMPLETIONS, container, inputs, not_supported_yet, outputs, unavailable
+from nodus_schema.jobparts import (
+    MAX_COMPLETIONS,
+    container,
+    inputs,
+    not_supported_yet,
+    outputs,
+    unavailable,
+    writers,
+)
 from nodus_schema.jobparts import volumes as volume_rules
 from nodus_schema.jobs import (
     CHECKPOINT_FORMATS,
@@ -401,9 +409,12 @@ def _counts_and_times(errs: ErrorList, path: Path, spec: JobSpec) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def validate_job_spec(spec: JobSpec, path: Path | str = "spec", *, gpu_swept: bool = False) -> ErrorList:
+def validate_job_spec(
+    spec: JobSpec, path: Path | str = "spec", *, gpu_swept: bool = False, in_sweep: bool = False
+) -> ErrorList:
     """Every rule of a JobSpec. ``gpu_swept`` is set for a Sweep template whose matrix sets the GPUs: the
-    template then needs no GPU request of its own, and the Sweep checks each matrix value against the gang."""
+    template then needs no GPU request of its own, and the Sweep checks each matrix value against the gang.
+    ``in_sweep``: the spec is a Sweep's template (its cells run side by side)."""
     errs = ErrorList()
     p = path if isinstance(path, Path) else Path(path)
     _counts_and_times(errs, p, spec)
@@ -413,6 +424,7 @@ def validate_job_spec(spec: JobSpec, path: Path | str = "spec", *, gpu_swept: bo
     inputs(errs, p.child("inputs"), spec.inputs)
     outputs(errs, p.child("outputs"), spec.outputs)
     volume_rules(errs, p.child("volumes"), spec.volumes)
+    writers(errs, p, spec, in_sweep=in_sweep)
     _placement(errs, p.child("placement"), spec.placement)
     _recovery(errs, p.child("recovery"), spec.recovery)
     if spec.network is not None and spec.network.egress is not None:

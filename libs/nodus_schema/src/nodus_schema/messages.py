@@ -15,7 +15,7 @@ import enum
 
 import msgspec
 
-from nodus_schema.attempts import CheckpointRecord, OutputRecord
+from nodus_schema.attempts import CheckpointRecord, MountRecord, OutputRecord, SourceRecord
 from nodus_schema.jobs import (
     CheckpointPolicy,
     EnvVar,
@@ -26,6 +26,8 @@ from nodus_schema.jobs import (
     Resources,
     SecretMount,
     Sidecar,
+    Source,
+    VolumeMount,
 )
 
 
@@ -95,6 +97,10 @@ class StartAttempt(AttemptMessage, tag="StartAttempt"):
     init_command: InitCommand | None = None
     network: Network | None = None
     image_pull_secrets: list[str] = msgspec.field(default_factory=list)
+    # Code and data (ADR-0036): the Job's spec.source and spec.volumes as admitted (a read-only mount's
+    # revision pinned by the gateway). The digests of revisions come with the grant (noding.RunSecrets).
+    source: Source | None = None
+    volumes: list[VolumeMount] = msgspec.field(default_factory=list)
 
 
 class StopReason(enum.StrEnum):
@@ -156,6 +162,10 @@ class AttemptStarted(BusMessage, tag="AttemptStarted"):
     """The node's clock (epoch ms) when it began the run: billing starts here (the Boot segment)."""
     program_ms: int | None = None
     """The node's clock (epoch ms) when the program was launched: Boot ends, Running begins."""
+    source: SourceRecord | None = None
+    """The code the run checked out or extracted (ADR-0036)."""
+    mounts: list[MountRecord] = msgspec.field(default_factory=list)
+    """The Volume revisions and Workspaces mounted, with cache hits."""
 
 
 class AttemptProgress(BusMessage, tag="AttemptProgress"):
@@ -173,7 +183,9 @@ class AttemptFinished(BusMessage, tag="AttemptFinished"):
     exit_code: int | None
     wall_millis: int
     reason: str
-    """Completed, Error (non-zero exit), Stopped (asked to stop), Lost (could not run)."""
+    """Completed, Error (non-zero exit), Stopped (asked to stop), Lost (could not run), SourceUnavailable
+    (spec.source could not be fetched: the repository, ref or blob is gone or unreachable; the program
+    never ran, so the run is billed as a start that failed, never as Running)."""
     message: str | None = None
     units_per_second: str | None = None
     outputs: list[OutputRecord] = msgspec.field(default_factory=list)
@@ -186,6 +198,10 @@ class AttemptFinished(BusMessage, tag="AttemptFinished"):
     """As AttemptStarted's (repeated: the finish alone is enough to bill the run exactly)."""
     stopped_ms: int | None = None
     """The node's clock (epoch ms) when the run was over (its program gone): billing stops here."""
+    source: SourceRecord | None = None
+    """As AttemptStarted's (also for a run whose checkout failed: the repo and ref it tried)."""
+    mounts: list[MountRecord] = msgspec.field(default_factory=list)
+    """As AttemptStarted's, with a writable mount's committed revision."""
 
 
 class AttemptCheckpointed(BusMessage, tag="AttemptCheckpointed"):

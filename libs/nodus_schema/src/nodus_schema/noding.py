@@ -9,6 +9,10 @@ subjects that name the asking node (its credential may publish only its own):
   and Connections of one Attempt, answered only while that Attempt is bound to ``<node>`` and not
   finished, and only those its Job names (:func:`needs`). It is also how an agent checks that a
   StartAttempt is about an Attempt that exists and is its own before it runs anything.
+* ``nodus.rpc.node.<node>.commit`` (:class:`VolumeCommitRequest` -> :class:`VolumeCommitReply`): a
+  writable Volume mount's content, uploaded by the agent as a blob, becomes the Volume's next revision;
+  answered only while the Attempt is bound to ``<node>``, its Job mounts that Volume writable and holds
+  its writer claim (ADR-0036).
 * ``nodus.rpc.node.<node>.retention`` (:class:`RetentionRequest` -> :class:`RetentionReply`): whether the
   checkpoints of Job folders found in the store are past keeping (:func:`expired`), so the agent that
   holds the retention lease deletes them without reading any Job.
@@ -31,11 +35,15 @@ from nodus_schema.quantities import parse_duration
 __all__ = [
     "DEFAULT_RETAIN",
     "NODE_RPC_PREFIX",
+    "GrantedRevision",
     "JobFolder",
     "RetentionReply",
     "RetentionRequest",
     "RunSecrets",
     "RunSecretsRequest",
+    "VolumeCommitReply",
+    "VolumeCommitRequest",
+    "commit_subject",
     "connection_secrets",
     "expired",
     "needs",
@@ -52,6 +60,10 @@ DEFAULT_RETAIN: Final = timedelta(hours=168)
 
 def secrets_subject(node: str) -> str:
     return f"{NODE_RPC_PREFIX}.{node}.secrets"
+
+
+def commit_subject(node: str) -> str:
+    return f"{NODE_RPC_PREFIX}.{node}.commit"
 
 
 def retention_subject(node: str) -> str:
@@ -84,8 +96,34 @@ class RunSecrets(_Message):
     secrets: list[Secret] = msgspec.field(default_factory=list)
     connections: list[Connection] = msgspec.field(default_factory=list)
     missing: list[str] = msgspec.field(default_factory=list)
-    """``Secret/<name>`` or ``Connection/<name>`` the Job names that do not exist (the agent's message
-    says which to create)."""
+    """``Secret/<name>``, ``Connection/<name>`` or ``Volume/<name>`` the Job names that do not exist (the
+    agent's message says which to create)."""
+    revisions: list[GrantedRevision] = msgspec.field(default_factory=list)
+    """One per Volume the Job mounts (spec.volumes and volume inputs): its pinned revision's blob."""
+
+
+class GrantedRevision(_Message):
+    """A Volume revision a run mounts: which blob holds it. For a writable mount, the revision it starts
+    from (the latest when granted; None and no digest when the Volume has none yet)."""
+
+    volume: str
+    revision: int | None = None
+    digest: str | None = None
+    size_bytes: int = 0
+
+
+class VolumeCommitRequest(_Message):
+    namespace: str
+    attempt: str
+    volume: str
+    digest: str
+    """The blob the agent uploaded (the mount's content as tar.zst)."""
+    size_bytes: int
+
+
+class VolumeCommitReply(_Message):
+    revision: int
+    """The revision the content became (the same one again for a repeated request)."""
 
 
 class JobFolder(_Message):
@@ -142,6 +180,7 @@ def connection_secrets(conn: Connection) -> set[str]:
         spec.s3.access_key_id_ref if spec.s3 else None,
         spec.s3.secret_access_key_ref if spec.s3 else None,
         spec.postgres.password_ref if spec.postgres else None,
+        spec.git.token_ref if spec.git else None,
     )
     return {r.name for r in refs if r is not None and r.name}
 

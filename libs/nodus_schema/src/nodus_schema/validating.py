@@ -345,7 +345,7 @@ def _sweep_spec(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
         errs.forbidden(
             tp.child("spec").child("state"), "cells follow the Sweep's spec.state; leave this unset"
         )
-    errs.extend(validate_job_spec(tspec, tp.child("spec"), gpu_swept=bool(spec.matrix.gpu)))
+    errs.extend(validate_job_spec(tspec, tp.child("spec"), gpu_swept=bool(spec.matrix.gpu), in_sweep=True))
     _matrix(errs, path.child("matrix"), spec)
 
 
