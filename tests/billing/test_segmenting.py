@@ -141,3 +141,13 @@ def test_a_start_that_failed_on_the_node_is_covered_whole_though_a_start_time_wa
     usage = usage_of(failed, replacement=False, now_ms=T0 + 9_000)
     assert usage.segments == {} and charged(usage) == 0
     assert usage.covered == {BOOT: charge_micros(RATE, 3_000)}
+
+
+def test_a_checkout_that_failed_is_billed_as_boot_and_never_as_running() -> None:
+    """spec.source could not be fetched (ADR-0036): the GPU was held while the node tried, which is the
+    customer's (the repository, ref or blob is theirs), but the program never ran."""
+    failed = run(phase="Failed", reason="SourceUnavailable", program_ms=None, start_time=None)
+    usage = usage_of(failed, replacement=False, now_ms=T0 + 60_000)
+    assert usage.segments.get(RUNNING, 0) == 0
+    assert usage.segments[BOOT] == charge_micros(RATE, 5_000)
+    assert usage.covered == {}

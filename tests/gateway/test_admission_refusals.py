@@ -193,8 +193,6 @@ async def test_an_output_the_node_cannot_collect_is_422_with_a_fix(
 
 
 NOT_HONOURED = [
-    ({"volumes": [{"volume": "cache", "mountPath": "/cache"}]}, "spec.volumes"),
-    ({"source": {"git": {"repo": "acme/llm"}}}, "spec.source"),
     ({"scaledownWindow": "5m"}, "spec.scaledownWindow"),
     ({"serviceAccountName": "trainer"}, "spec.serviceAccountName"),
     ({"completeByTime": "2030-01-01T00:00:00Z"}, "spec.completeByTime"),

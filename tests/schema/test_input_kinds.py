@@ -1,5 +1,6 @@
-"""Admission of input kinds: url, bucket and output are accepted; volume, fromWorkspace and fromStage are
-refused with a field error that says what to use instead (ADR-0020); every input has exactly one kind."""
+"""Admission of input kinds: url, bucket, output, volume and fromWorkspace are accepted (ADR-0020,
+ADR-0036); fromStage is refused with a field error that says what to use instead until Pipelines exist;
+every input has exactly one kind."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ SUPPORTED = [
     JobInput(name="vocab", url=URLInput(url="https://example.com/vocab.txt", sha256=DIGEST)),
     JobInput(name="corpus", bucket=BucketInput(uri="s3://acme-data/corpus/", connection="acme-s3")),
     JobInput(name="tokenizer", output=OutputInput(job="prep", name="tokenizer", index=1)),
+    JobInput(name="weights", volume=VolumeInput(name="llama", revision=3)),
+    JobInput(name="home", from_workspace=WorkspaceInput(name="alice", path="llm")),
 ]
 REFUSED = [
-    ("volume", JobInput(name="weights", volume=VolumeInput(name="llama", revision=3))),
-    ("fromWorkspace", JobInput(name="home", from_workspace=WorkspaceInput(name="alice", path="llm"))),
     ("fromStage", JobInput(name="features", from_stage=StageInput(stage="featurize", output="f"))),
 ]
 
@@ -49,7 +50,7 @@ def test_unsupported_kinds_are_refused_with_what_to_use(kind: str, inp: JobInput
         assert [(e.field, e.reason) for e in errors] == [(f"spec.inputs[1].{kind}", CauseType.FORBIDDEN)]
         message = errors[0].message
         assert "not supported yet" in message
-        assert "use url, bucket or output" in message
+        assert "use volume, output, bucket, url or fromWorkspace" in message
 
 
 @pytest.mark.parametrize(("kind", "inp"), REFUSED, ids=[k for k, _ in REFUSED])
@@ -64,7 +65,7 @@ def test_a_sweep_template_refuses_them_at_its_own_path(kind: str, inp: JobInput)
 def test_an_input_without_a_kind_names_the_supported_ones() -> None:
     for errors in job_errors([JobInput(name="x")]):
         assert [(e.field, e.reason) for e in errors] == [("spec.inputs[0]", CauseType.REQUIRED)]
-        assert "exactly one of url, bucket or output" in errors[0].message
+        assert "exactly one of volume, output, bucket, url or fromWorkspace" in errors[0].message
 
 
 def test_an_input_with_two_kinds_is_refused_at_the_second() -> None:
@@ -79,9 +80,21 @@ def test_an_input_with_two_kinds_is_refused_at_the_second() -> None:
 
 
 def test_a_refused_kind_beside_a_supported_one_reports_both_problems() -> None:
-    both = JobInput(name="x", url=URLInput(url="https://example.com/a"), volume=VolumeInput(name="v"))
+    both = JobInput(
+        name="x", url=URLInput(url="https://example.com/a"), from_stage=StageInput(stage="s", output="o")
+    )
     for errors in job_errors([both]):
-        assert {(e.field, e.reason) for e in errors} == {
-            ("spec.inputs[0].url", CauseType.FORBIDDEN),
-            ("spec.inputs[0].volume", CauseType.FORBIDDEN),
-        }
+        assert [(e.field, e.reason) for e in errors] == [
+            ("spec.inputs[0].fromStage", CauseType.FORBIDDEN)
+        ] * 2
+        messages = " ".join(e.message for e in errors)
+        assert "exactly one source" in messages
+        assert "not supported yet" in messages
+
+
+def test_revision_zero_of_a_volume_input_is_refused() -> None:
+    zero = JobInput(name="w", volume=VolumeInput(name="llama", revision=0))
+    for errors in job_errors([zero]):
+        assert [(e.field, e.reason) for e in errors] == [
+            ("spec.inputs[0].volume.revision", CauseType.INVALID)
+        ]

@@ -20,7 +20,6 @@ from nodus_schema.jobs import (
     Egress,
     EnvVar,
     EnvVarSource,
-    GitSource,
     Job,
     JobOutput,
     Network,
@@ -29,8 +28,6 @@ from nodus_schema.jobs import (
     Resources,
     SecretKeySelector,
     Sidecar,
-    Source,
-    VolumeMount,
 )
 from nodus_schema.meta import ObjectMeta, OwnerReference
 from nodus_schema.naming import known_names, unknown_job_names, unknown_sweep_names
@@ -128,8 +125,6 @@ def test_working_dir_refuses_control_characters() -> None:
 # -- fields accepted in the reference's shape but not honoured: refused, saying what to use instead ---------
 
 UNSUPPORTED: list[tuple[str, str, Any]] = [
-    ("spec.volumes", "volumes", [VolumeMount(volume="cache", mount_path="/cache")]),
-    ("spec.source", "source", Source(git=GitSource(repo="acme/llm"))),
     ("spec.scaledownWindow", "scaledown_window", "5m"),
     ("spec.serviceAccountName", "service_account_name", "trainer"),
     ("spec.completeByTime", "complete_by_time", "2030-01-01T00:00:00Z"),
@@ -180,11 +175,11 @@ def test_the_input_kinds_refusal_has_the_same_wording() -> None:
     job = msgspec.convert(
         {
             "metadata": {"name": "j"},
-            "spec": {"image": "x", "inputs": [{"name": "w", "volume": {"name": "v"}}]},
+            "spec": {"image": "x", "inputs": [{"name": "w", "fromStage": {"stage": "s", "output": "o"}}]},
         },
         Job,
     )
-    assert NOT_YET.fullmatch(one(errs_of(job), "spec.inputs[0].volume").message)
+    assert NOT_YET.fullmatch(one(errs_of(job), "spec.inputs[0].fromStage").message)
 
 
 def test_a_scaledown_window_of_0s_and_integration_auto_or_none_are_honoured() -> None:

@@ -90,11 +90,11 @@ def do(*mutations: Mutation) -> Mutation:
 
 
 def vol(*mutations: Mutation) -> Mutation:
-    """``mutations`` on the full Job given two volumes (refused as not supported yet, checked anyway)."""
+    """``mutations`` on the full Job given two read-only volumes."""
     volumes = at(
         "spec.volumes",
         [
-            VolumeMount(volume="cache", mount_path="/cache"),
+            VolumeMount(volume="cache", mount_path="/cache", read_only=True),
             VolumeMount(volume="ro", mount_path="/ro", read_only=True, revision=1),
         ],
     )
@@ -102,7 +102,7 @@ def vol(*mutations: Mutation) -> Mutation:
 
 
 def git(*mutations: Mutation) -> Mutation:
-    """``mutations`` on the full Job given a git source (refused as not supported yet, checked anyway)."""
+    """``mutations`` on the full Job given a git source."""
     return do(
         at("spec.source", Source(git=GitSource(repo="acme/llm", ref="main", path="/workspace/src"))),
         *mutations,
@@ -416,7 +416,7 @@ PATTERNS = [
         DUP,
     ),
     # spec.volumes is refused (not supported yet); its items are still checked, all in one answer.
-    ("volumes not supported", vol(at("spec.volumes[0].mount_path", "/usr/src/cache")), "spec.volumes", FORB),
+    ("volumes ok", vol(at("spec.volumes[0].mount_path", "/usr/src/cache")), None, None),
     ("mountPath /usr", vol(at("spec.volumes[0].mount_path", "/usr")), "spec.volumes[0].mountPath", FORB),
     ("mountPath /", vol(at("spec.volumes[0].mount_path", "/")), "spec.volumes[0].mountPath", FORB),
     (
@@ -444,7 +444,7 @@ PATTERNS = [
         "spec.volumes[0].mountPath",
         INV,
     ),
-    ("source not supported", git(at("spec.source.git.path", "src")), "spec.source", FORB),
+    ("git path relative ok", git(at("spec.source.git.path", "src")), None, None),
     ("git path /etc", git(at("spec.source.git.path", "/etc")), "spec.source.git.path", FORB),
     ("git path escapes", git(at("spec.source.git.path", "../x")), "spec.source.git.path", INV),
     ("workingDir /usr/src/app ok", at("spec.working_dir", "/usr/src/app"), None, None),
@@ -457,7 +457,7 @@ PATTERNS = [
         FORB,
     ),
     ("url input sha256 upper", at("spec.inputs[3].url.sha256", "A" * 64), "spec.inputs[3].url.sha256", INV),
-    ("git repo https", git(at("spec.source.git.repo", "https://a.io/llm.git")), "spec.source", FORB),
+    ("git repo https", git(at("spec.source.git.repo", "https://a.io/llm.git")), None, None),
     (
         "git repo http",
         git(at("spec.source.git.repo", "http://github.com/acme/llm")),
@@ -481,7 +481,7 @@ PATTERNS = [
     ),
     ("bucket uri no key", at("spec.inputs[2].bucket.uri", "s3://acme/"), "spec.inputs[2].bucket.uri", INV),
     ("bucket sha256 short", at("spec.inputs[2].bucket.sha256", "abc"), "spec.inputs[2].bucket.sha256", INV),
-    ("blob", at("spec.source", Source(blob="sha256:" + "a" * 64)), "spec.source", FORB),
+    ("blob", at("spec.source", Source(blob="sha256:" + "a" * 64)), None, None),
     ("blob short", at("spec.source", Source(blob="sha256:abc")), "spec.source.blob", INV),
     ("blob no prefix", at("spec.source", Source(blob="a" * 64)), "spec.source.blob", INV),
     (
@@ -750,8 +750,32 @@ CROSS = [
         INV,
     ),
     ("gpusPerNode 3", at("spec.distributed.gpus_per_node", 3), "spec.distributed.gpusPerNode", INV),
-    ("revision with readOnly", vol(at("spec.volumes[1].revision", 2)), "spec.volumes", FORB),
-    ("revision without readOnly", vol(at("spec.volumes[0].revision", 2)), "spec.volumes[0].revision", FORB),
+    ("revision with readOnly", vol(at("spec.volumes[1].revision", 2)), None, None),
+    (
+        "revision without readOnly",
+        vol(at("spec.volumes[0].read_only", False), at("spec.volumes[0].revision", 2)),
+        "spec.volumes[0].revision",
+        FORB,
+    ),
+    (
+        "writable mount with 4 indexes",
+        vol(at("spec.volumes[0].read_only", False)),
+        "spec.volumes[0].readOnly",
+        FORB,
+    ),
+    (
+        "mount inside a mount",
+        vol(at("spec.volumes[1].mount_path", "/cache/ro")),
+        "spec.volumes[1].mountPath",
+        FORB,
+    ),
+    ("one Volume mounted twice", vol(at("spec.volumes[1].volume", "cache")), "spec.volumes[1].volume", DUP),
+    (
+        "checkout over a mount",
+        vol(at("spec.source", Source(git=GitSource(repo="a/b", path="/cache/src")))),
+        "spec.source.git.path",
+        FORB,
+    ),
     ("inputs dup", at("spec.inputs[1].name", "weights"), "spec.inputs[1].name", DUP),
     ("outputs dup", at("spec.outputs[1].name", "model"), "spec.outputs[1].name", DUP),
     ("env dup", at("spec.env[1].name", "MODE"), "spec.env[1].name", DUP),
@@ -1113,5 +1137,19 @@ def test_volume_mount_and_git_checkout_are_checked_on_minimal_job() -> None:
     job.spec.volumes = [VolumeMount(volume="v", mount_path="/nodus/state")]
     job.spec.source = Source(git=GitSource(repo="a/b", path="/nodus/inputs/x"))
     fields = {e.field for e in validate_job(job)}
-    # Both are refused as not supported yet, and their items are still checked, in the same answer.
-    assert fields == {"spec.volumes", "spec.volumes[0].mountPath", "spec.source", "spec.source.git.path"}
+    # Both are checked, in the same answer: neither may be under /nodus, which Nodus manages.
+    assert fields == {"spec.volumes[0].mountPath", "spec.source.git.path"}
+
+
+def test_a_sweep_template_may_not_mount_a_volume_writable() -> None:
+    """Its cells would write one Volume at once (ADR-0036); read-only is fine."""
+    check_sweep(
+        at("spec.template.spec.volumes", [VolumeMount(volume="data", mount_path="/data")]),
+        "spec.template.spec.volumes[0].readOnly",
+        FORB,
+    )
+    check_sweep(
+        at("spec.template.spec.volumes", [VolumeMount(volume="data", mount_path="/data", read_only=True)]),
+        None,
+        None,
+    )

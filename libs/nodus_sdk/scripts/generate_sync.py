@@ -37,6 +37,7 @@ REPLACEMENTS: Final = {
     "aclose": "close",
     "aread": "read",
     "aiter_lines": "iter_lines",
+    "aiter_bytes": "iter_bytes",
     "anext": "next",
     "asyncio": "time",  # for asyncio.sleep only, which check_source holds the async client to
     "asyncwatch": "syncwatch",  # the watch is written by hand on both sides (syncwatch.py says why)

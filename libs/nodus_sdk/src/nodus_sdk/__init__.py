@@ -10,6 +10,10 @@
         done = nodus.wait_for(sweep, finished, timeout=600)
         print(nodus.results(done).best)
 
+Code and data (ADR-0036): ``nodus.upload_dir(path)`` packs a directory (:func:`pack_dir`, deterministic,
+``.gitignore``/``.nodusignore`` honoured) and uploads it once; ``nodus.volumes.push(name, path)`` makes it a
+Volume revision; ``nodus.workspaces.push/pull/ls`` move a Workspace's files.
+
 Objects are ``nodus_schema`` Structs (``Sweep``, ``Job``, ...); errors are :class:`NodusError` subclasses
 carrying the server's Status.
 """
@@ -37,9 +41,11 @@ from nodus_sdk.errors import (
     Unreachable,
 )
 from nodus_sdk.manifests import load_objects
+from nodus_sdk.packing import Packed, PackError, pack_dir
 from nodus_sdk.requesting import Retry
 from nodus_sdk.resources import Estimated, Kind, Page
 from nodus_sdk.syncclient import Client
+from nodus_sdk.uploading import Transfer, Uploaded, WorkspaceFile
 from nodus_sdk.waiting import WaitTimeout, finished, phase_in, settled, succeeded
 from nodus_sdk.watching import Event
 
@@ -66,15 +72,21 @@ __all__ = [
     "MethodNotAllowed",
     "NodusError",
     "NotFound",
+    "PackError",
+    "Packed",
     "Page",
     "Retry",
     "ServerError",
     "TooManyRequests",
+    "Transfer",
     "Unauthorized",
     "Unreachable",
+    "Uploaded",
     "WaitTimeout",
+    "WorkspaceFile",
     "finished",
     "load_objects",
+    "pack_dir",
     "phase_in",
     "read_config_file",
     "settled",

@@ -3,6 +3,12 @@
 Every accessor builds its request with :mod:`nodus_sdk.resources` and :mod:`nodus_sdk.accessing`; this
 module only carries them over ``httpx.AsyncClient``. Lists, watches and logs are async iterators.
 
+Code and data (ADR-0036): :meth:`AsyncClient.upload_blob` and :meth:`AsyncClient.upload_dir` send an
+archive only when the project does not have it yet; ``volumes.push`` makes a Volume revision of a
+directory; ``workspaces.push/pull/ls`` move a Workspace's files. Files are read and written in 1 MiB
+chunks in the calling thread, and packing a directory is CPU work there too: in a busy event loop, pack
+in a worker thread (``to_thread(pack_dir, ...)``) and upload the result with ``upload_blob``.
+
 :mod:`nodus_sdk.syncclient` is generated from this module (``libs/nodus_sdk/scripts/generate_sync.py``,
 with unasync): edit this one, then regenerate. What the generator cannot translate lives in a module of
 its own, one per client (the watch: :mod:`nodus_sdk.asyncwatch`, :mod:`nodus_sdk.syncwatch`).
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -25,10 +32,13 @@ from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
 from nodus_schema.results import SweepResults
-from nodus_sdk import accessing
+from nodus_schema.volumes import Volume, Workspace, workspace_path
+from nodus_sdk import accessing, uploading
 from nodus_sdk.accessing import Accessor, name_selector
 from nodus_sdk.asyncwatch import Watch as Watch  # re-exported: it was defined here before
 from nodus_sdk.configuring import Config, with_overrides
+from nodus_sdk.errors import AlreadyExists, NotFound
+from nodus_sdk.packing import pack_dir
 from nodus_sdk.requesting import (
     TIMEOUT_S,
     Call,
@@ -51,6 +61,8 @@ from nodus_sdk.resources import (
     PROJECTS,
     SECRETS,
     SWEEPS,
+    VOLUMES,
+    WORKSPACES,
     Estimated,
     Kind,
     Page,
@@ -59,6 +71,7 @@ from nodus_sdk.resources import (
     name_of,
     namespace_in,
 )
+from nodus_sdk.uploading import Transfer, Uploaded, WorkspaceFile
 from nodus_sdk.waiting import Condition, WaitTimeout
 from nodus_sdk.watching import WatchState, gone, meta_rv
 
@@ -97,6 +110,8 @@ class AsyncClient:
         self.nodes: ReadResource[Node] = ReadResource(self, NODES, p)
         self.offerings: ReadResource[Offering] = ReadResource(self, OFFERINGS, p)
         self.projects: Resource[Project] = Resource(self, PROJECTS, p)
+        self.volumes: VolumeResource = VolumeResource(self, VOLUMES, p)
+        self.workspaces: WorkspaceResource = WorkspaceResource(self, WORKSPACES, p)
 
     @property
     def project(self) -> str:
@@ -136,6 +151,16 @@ class AsyncClient:
                     await asyncio.sleep(retry_after(resp, delay))
                     continue
             return answer(call, resp)
+
+    async def send_file(self, call: Call[T], path: Path) -> T:
+        """Send ``call`` with the file at ``path`` as its body, streamed in chunks (never retried: it
+        writes)."""
+        kwargs = call.request_kwargs()
+        try:
+            resp = await self._http.request(call.method, call.path, content=_chunks(path), **kwargs)
+        except httpx.TransportError as e:
+            raise unreachable(self.server, e) from None
+        return answer(call, resp)
 
     @asynccontextmanager
     async def stream(self, call: Call[Any], *, read_timeout: float | None) -> AsyncIterator[httpx.Response]:
@@ -186,6 +211,32 @@ class AsyncClient:
     async def results(self, sweep: Sweep | str, *, project: str | None = None) -> SweepResults:
         """A Sweep's results: every cell with its cost per million units, the best cells marked."""
         return await self.sweeps.results(sweep, namespace=project)
+
+    # -- code and data: blobs (ADR-0036) ----------------------------------------------------------------
+    async def upload_blob(
+        self, path: Path, *, project: str | None = None, digest: str | None = None
+    ) -> Uploaded:
+        """Make sure the project has the tar.zst at ``path`` as a blob: ask first (``HEAD``), send its bytes
+        only when it is missing. ``digest`` (``sha256:<hex>`` of the file) saves reading it twice."""
+        ns = project or self.project
+        if digest is None:
+            digest, size = uploading.file_digest(Path(path))
+        else:
+            size = uploading.file_size(Path(path))
+        try:
+            known = await self.send(uploading.head_blob(ns, digest))
+            return Uploaded(digest, known if known >= 0 else size, uploaded=False)
+        except NotFound:
+            pass
+        stored = await self.send_file(uploading.put_blob(ns, digest, size), Path(path))
+        return Uploaded(digest, stored if stored >= 0 else size, uploaded=True)
+
+    async def upload_dir(self, root: Path, *, project: str | None = None) -> Uploaded:
+        """Pack the directory ``root`` (:func:`nodus_sdk.packing.pack_dir`: deterministic, its ignore files
+        honoured) and upload it unless the project has it; ``digest`` is what ``spec.source.blob`` takes."""
+        with pack_dir(Path(root)) as packed:
+            done = await self.upload_blob(packed.path, project=project, digest=packed.digest)
+        return Uploaded(done.digest, done.size_bytes, done.uploaded, packed.files, packed.skipped)
 
     async def wait_for(self, obj: Any, condition: Condition, *, timeout: float | None = None) -> Any:
         """Wait until ``condition(obj)`` holds for the object as the server has it (a Sweep, a Job, ...),
@@ -446,3 +497,128 @@ class JobResource(Resource[Job]):
                     yield line
             except httpx.TransportError as e:
                 raise unreachable(self._client.server, e) from None
+
+
+class VolumeResource(Resource[Volume]):
+    """Volumes, and their revisions."""
+
+    async def add_revision(self, name: str, digest: str, *, namespace: str | None = None) -> Volume:
+        """Make the uploaded blob ``digest`` the Volume's next revision; returns the Volume."""
+        ns = self._a.ns(namespace) or self._client.project
+        return await self._client.send(uploading.add_revision(ns, name, digest))
+
+    async def ensure(
+        self, name: str, *, namespace: str | None = None, description: str | None = None
+    ) -> None:
+        """Create the Volume unless it exists."""
+        await _ensure(self, "Volume", name, namespace, description)
+
+    async def push(
+        self, name: str, root: Path, *, namespace: str | None = None, create: bool = True
+    ) -> tuple[Volume, Uploaded]:
+        """The directory ``root`` as the Volume's next revision: packed, uploaded unless the project has
+        it, then added (``create``: the Volume is made first when missing). Returns the Volume (its
+        ``status.latest`` is the new revision) and what was uploaded."""
+        if create:
+            await self.ensure(name, namespace=namespace)
+        done = await self._client.upload_dir(Path(root), project=self._a.ns(namespace))
+        return await self.add_revision(name, done.digest, namespace=namespace), done
+
+
+class WorkspaceResource(Resource[Workspace]):
+    """Workspaces, and the files of their homes."""
+
+    def _ns(self, namespace: str | None) -> str:
+        return self._a.ns(namespace) or self._client.project
+
+    async def ensure(
+        self, name: str, *, namespace: str | None = None, description: str | None = None
+    ) -> None:
+        """Create the Workspace unless it exists."""
+        await _ensure(self, "Workspace", name, namespace, description)
+
+    async def upload_file(self, name: str, path: str, local: Path, *, namespace: str | None = None) -> int:
+        """Write the local file ``local`` at ``path`` in the home; returns its size."""
+        size = uploading.file_size(Path(local))
+        await self._client.send_file(uploading.put_file(self._ns(namespace), name, path, size), Path(local))
+        return size
+
+    async def delete_file(self, name: str, path: str, *, namespace: str | None = None) -> None:
+        await self._client.send(uploading.delete_file(self._ns(namespace), name, path))
+
+    async def download_file(self, name: str, path: str, target: Path, *, namespace: str | None = None) -> int:
+        """Write the file ``path`` of the home to ``target`` (through a temporary file beside it, renamed
+        when complete); returns its size."""
+        call = uploading.get_file(self._ns(namespace), name, path)
+        with uploading.Partial(Path(target)) as out:
+            async with self._client.stream(call, read_timeout=self._client._http.timeout.read) as resp:
+                async for chunk in resp.aiter_bytes(uploading.CHUNK_SIZE):
+                    out.write(chunk)
+            out.commit()
+        return out.size
+
+    async def ls(
+        self, name: str, prefix: str = "", *, namespace: str | None = None
+    ) -> AsyncIterator[WorkspaceFile]:
+        """The files under ``prefix`` (a folder of the home, or all of it), page after page."""
+        ns = self._ns(namespace)
+        token: str | None = None
+        while True:
+            page = await self._client.send(uploading.list_files(ns, name, prefix, token))
+            for item in page.items:
+                yield item
+            token = page.continue_
+            if not token:
+                return
+
+    async def push(
+        self, name: str, source: Path, *, to: str = "", namespace: str | None = None, create: bool = True
+    ) -> Transfer:
+        """Send a local file to ``<to>/<its name>``, or a directory's files under ``<to>/`` (its ignore
+        files honoured, as a pack honours them); ``create``: the Workspace is made first when missing."""
+        if create:
+            await self.ensure(name, namespace=namespace)
+        done = Transfer(skipped=uploading.skipped_locals(Path(source)))
+        for path, local, _ in uploading.local_files(Path(source), to):
+            done.bytes += await self.upload_file(name, path, local, namespace=namespace)
+            done.paths.append(path)
+        return done
+
+    async def pull(self, name: str, path: str, dest: Path, *, namespace: str | None = None) -> Transfer:
+        """Copy the file ``path`` of the home into the folder ``dest``, or the folder ``path`` (the whole
+        home for "") with what is under it; a listed path that would land outside ``dest`` is refused."""
+        done = Transfer()
+        async for item in self.ls(name, path, namespace=namespace):
+            rel = uploading.pulled_rel(item.path, path)
+            if rel is None:
+                continue
+            target = uploading.local_target(Path(dest), rel)
+            done.bytes += await self.download_file(name, item.path, target, namespace=namespace)
+            done.paths.append(item.path)
+        single = workspace_path(path)
+        if not done.paths and single:
+            # Not a folder: the file itself (NotFound when it is neither).
+            target = uploading.local_target(Path(dest), uploading.posix_name(single))
+            done.bytes += await self.download_file(name, single, target, namespace=namespace)
+            done.paths.append(single)
+        return done
+
+
+async def _ensure(
+    resource: Resource[Any], kind: str, name: str, namespace: str | None, description: str | None
+) -> None:
+    try:
+        await resource.get(name, namespace=namespace)
+        return
+    except NotFound:
+        pass
+    try:
+        await resource.create(uploading.new_object(kind, name, description), namespace=namespace)
+    except AlreadyExists:
+        pass  # made meanwhile by someone else: what we wanted
+
+
+async def _chunks(path: Path) -> AsyncIterator[bytes]:
+    """A file's bytes in chunks: the streamed body of an upload."""
+    for chunk in uploading.file_chunks(path):
+        yield chunk

@@ -19,6 +19,7 @@ from nodus_schema.billing import Budget
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
+from nodus_schema.volumes import Volume, Workspace
 from nodus_sdk.requesting import Call, body_of, collection_path, decode_body, item_path, query, typed
 
 T = TypeVar("T")
@@ -55,6 +56,8 @@ BUDGETS: Final = Kind("budgets", "Budget", Budget)
 NODES: Final = Kind("nodes", "Node", Node, namespaced=False)
 OFFERINGS: Final = Kind("offerings", "Offering", Offering, namespaced=False)
 PROJECTS: Final = Kind("projects", "Project", Project, namespaced=False)
+VOLUMES: Final = Kind("volumes", "Volume", Volume)
+WORKSPACES: Final = Kind("workspaces", "Workspace", Workspace)
 KINDS: Final[tuple[Kind[Any], ...]] = (
     SWEEPS,
     JOBS,
@@ -65,6 +68,8 @@ KINDS: Final[tuple[Kind[Any], ...]] = (
     NODES,
     OFFERINGS,
     PROJECTS,
+    VOLUMES,
+    WORKSPACES,
 )
 
 

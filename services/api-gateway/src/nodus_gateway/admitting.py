@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import msgspec
 
-from nodus_gateway import versions
+from nodus_gateway import referencing, versions
 from nodus_gateway.estimating import COMPUTE_KINDS
 from nodus_gateway.resources import Resource
 from nodus_gateway.responding import ApiError, invalid
@@ -153,7 +153,8 @@ def admit_update(
     check_resource_version(res, name, rv)
     decoded = _decode(res, data, name, validation)
     _check_uid(res, decoded.value, old)
-    new = res.default(_kept_from(decoded.value, old))
+    # Revisions admission pinned are the server's too (ADR-0036): a manifest that leaves them out keeps them.
+    new = referencing.kept_pins(res.default(_kept_from(decoded.value, old)), old)
     errors = (
         _ratcheted(res, old, res.validate(new))
         + server_owned_errors(new.metadata, old.metadata)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from nodus_gateway.authlimits import DEFAULT_FAILURES, DEFAULT_MAX_CLIENTS, DEFAULT_WINDOW_S
+from nodus_gateway.storeaccess import StoreSettings
+from nodus_kit.configuring import SettingError, read_settings
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8440
@@ -37,6 +39,8 @@ class GatewayConfig:
     """Clients whose failures are tracked at once (the least recently failing one is forgotten first)."""
     trusted_proxies: tuple[str, ...] = ()
     """Addresses or CIDRs of proxies whose X-Forwarded-For names the client; none by default."""
+    store: StoreSettings = field(default_factory=StoreSettings)
+    """Nodus's own S3 store, for blobs and Workspace files (storeaccess.py)."""
 
     @property
     def tls(self) -> bool:
@@ -47,7 +51,8 @@ class GatewayConfig:
         """NODUS_ADMIN_TOKEN (required), NODUS_GATEWAY_HOST, NODUS_GATEWAY_PORT, NODUS_GATEWAY_TLS_CERT
         with NODUS_GATEWAY_TLS_KEY (both or neither: HTTPS, or plain HTTP), and the limit on failed
         authentication: NODUS_GATEWAY_AUTH_FAILURES, NODUS_GATEWAY_AUTH_WINDOW_S,
-        NODUS_GATEWAY_AUTH_MAX_CLIENTS and NODUS_GATEWAY_TRUSTED_PROXIES (docs/tokens.md)."""
+        NODUS_GATEWAY_AUTH_MAX_CLIENTS and NODUS_GATEWAY_TRUSTED_PROXIES (docs/tokens.md), and the store
+        of blobs and Workspace files (NODUS_STORE_BUCKET and the rest of storeaccess.StoreSettings)."""
         token = env.get("NODUS_ADMIN_TOKEN", "").strip()
         if not token:
             # Starting without a token would mean either refusing every call or accepting anyone's, and
@@ -75,7 +80,15 @@ class GatewayConfig:
             auth_window_s=_seconds(env, "NODUS_GATEWAY_AUTH_WINDOW_S", DEFAULT_WINDOW_S, 86_400.0),
             auth_max_clients=_int(env, "NODUS_GATEWAY_AUTH_MAX_CLIENTS", DEFAULT_MAX_CLIENTS, 1, 10_000_000),
             trusted_proxies=_trusted_proxies(env),
+            store=_store(env),
         )
+
+
+def _store(env: Mapping[str, str]) -> StoreSettings:
+    try:
+        return read_settings(StoreSettings, env)
+    except SettingError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _int(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

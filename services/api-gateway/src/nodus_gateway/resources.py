@@ -53,6 +53,16 @@ from nodus_schema.validating import (
     validate_job,
     validate_sweep,
 )
+from nodus_schema.volumes import (
+    MAX_VOLUME_NAME,
+    Blob,
+    Volume,
+    VolumeList,
+    Workspace,
+    WorkspaceList,
+    validate_volume,
+    validate_workspace,
+)
 
 ALL_VERBS: Final = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 READ_VERBS: Final = ("get", "list", "watch")
@@ -249,6 +259,41 @@ RESOURCES: tuple[Resource, ...] = (
         categories=(),
         required=("spec",),
     ),
+    Resource(
+        plural="volumes",
+        singular="volume",
+        kind="Volume",
+        bucket="volumes",
+        object_type=Volume,
+        list_type=VolumeList,
+        # Written as sent: a Volume's spec is a description; its status is the gateway's (admission resets
+        # it on create and keeps the stored one on update, as for every row with a status).
+        default=_unchanged,
+        validate=validate_volume,
+        max_name=MAX_VOLUME_NAME,
+        short_names=("vol",),
+        categories=NODUS_ONLY,
+        # No deletecollection: each delete checks that no unfinished Job or Sweep mounts the Volume.
+        verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
+        # revisions: POST an uploaded blob as the next revision (volumeapi.py).
+        subresources=("revisions",),
+    ),
+    Resource(
+        plural="workspaces",
+        singular="workspace",
+        kind="Workspace",
+        bucket="workspaces",
+        object_type=Workspace,
+        list_type=WorkspaceList,
+        default=_unchanged,
+        validate=validate_workspace,
+        max_name=MAX_VOLUME_NAME,
+        short_names=("ws",),
+        categories=NODUS_ONLY,
+        verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
+        # files: the home's files, listed, written, read and deleted (volumeapi.py).
+        subresources=("files",),
+    ),
     _read_only(
         "nodes",
         "node",
@@ -276,12 +321,20 @@ RESOURCES: tuple[Resource, ...] = (
     ),
 )
 
+BLOBS: Final = "blobs"
+"""The gateway's records of uploaded blobs (bucket ``blobs``, ADR-0036): no resource of the API (blobbing.py
+answers HEAD and GET of one), but a store beside the rows' in :func:`stores_for`."""
+
 Stores = Mapping[str, ObjectStore[Any]]
-"""One ObjectStore per resource, by plural."""
+"""One ObjectStore per resource, by plural, and the blob records' under ``BLOBS``."""
 
 
 def stores_for(nc: NATS) -> dict[str, ObjectStore[Any]]:
-    return {r.plural: ObjectStore(nc, r.bucket, r.object_type) for r in RESOURCES}
+    stores: dict[str, ObjectStore[Any]] = {
+        r.plural: ObjectStore(nc, r.bucket, r.object_type) for r in RESOURCES
+    }
+    stores[BLOBS] = ObjectStore(nc, BLOBS, Blob)
+    return stores
 
 
 def resource(plural: str) -> Resource:

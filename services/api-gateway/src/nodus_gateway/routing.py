@@ -38,7 +38,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from nodus_gateway import bodies
+from nodus_gateway import bodies, referencing
 from nodus_gateway.admitting import (
     Admitted,
     admit,
@@ -308,6 +308,8 @@ class _Routes:
         data = bodies.parse(body, media)
         json_body = body if bodies.is_json(media) else None
         admitted = admit(self.res, data, namespace, opts.validation, json_body=json_body)
+        # What the spec names in other objects (ADR-0036), before the binding: pinning changes the spec.
+        admitted = await self._referenced(admitted, namespace, dry_run=opts.dry_run)
         admitted = bind(self.res, admitted, request.headers.get("if-match"))
         estimated = await self._estimated(admitted, dry_run=opts.dry_run)
         admitted, headers = estimated.admitted, estimated.headers
@@ -315,7 +317,12 @@ class _Routes:
             obj = with_generated_name(admitted.obj)
             return admitted_response(self.res, obj, admitted.warnings, 201, headers)
         created = await self._create(admitted.obj, namespace)
+        await referencing.claim_writers(self.stores, created)
         return admitted_response(self.res, created, admitted.warnings, 201, headers)
+
+    async def _referenced(self, admitted: Admitted, namespace: str, *, dry_run: bool) -> Admitted:
+        obj = await referencing.resolve(self.stores, None, namespace, admitted.obj, dry_run=dry_run)
+        return Admitted(obj, admitted.warnings)
 
     async def _estimated(self, admitted: Admitted, *, dry_run: bool) -> Estimated:
         """The object to create with ``status.estimate`` (ADR-031), for the compute kinds.
@@ -544,6 +551,7 @@ class _Routes:
                 kind=self.res.kind,
             )
         admitted = admit(self.res, {**patch, "metadata": {**meta, "name": name}}, namespace, opts.validation)
+        admitted = await self._referenced(admitted, namespace, dry_run=opts.dry_run)
         # A create, so estimated as one (ADR-031); an apply has no If-Match to bind it.
         estimated = await self._estimated(admitted, dry_run=opts.dry_run)
         admitted, headers = estimated.admitted, estimated.headers
@@ -554,6 +562,7 @@ class _Routes:
             created = await self.store.create(self._traced(obj))
         except kit.AlreadyExists:
             return None
+        await referencing.claim_writers(self.stores, created)
         return admitted_response(self.res, created, admitted.warnings, 201, headers)
 
     async def _store_update(

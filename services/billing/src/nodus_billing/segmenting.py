@@ -89,7 +89,9 @@ def usage_of(attempt: Attempt, *, replacement: bool, now_ms: int) -> Usage:
         return _lost(usage, first, rate, start, launched, stop, max(finished, stop))
     billed = _billed(max(0, stop - start))
     total = charge_micros(rate, billed)
-    boot = min(total, charge_micros(rate, launched - start))
+    # A program that never launched (a checkout that failed, ADR-0036) ran nothing: the whole charge,
+    # rounding included, is its start's.
+    boot = total if program is None else min(total, charge_micros(rate, launched - start))
     usage.billed_millis = billed
     usage.segments = {first: boot, RUNNING: total - boot}
     return usage

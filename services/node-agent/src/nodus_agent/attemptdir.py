@@ -8,6 +8,9 @@
     report.jsonl   NODUS_REPORT   (the program appends throughput lines)
     log.txt        the program's stdout and stderr
     secrets/       NODUS_SECRETS  (/nodus/secrets: one folder per mounted Secret, files 0400)
+    src/           NODUS_SRC      (the checkout of spec.source, ADR-0036; at /nodus/src by default)
+    mounts/        NODUS_MOUNTS   (process runtime: links standing for mounts, at their paths below it)
+    plan.json      what was mounted and checked out (a re-adopted run still commits and reports it)
     start.json     the StartAttempt it runs for (a restarted agent re-adopting the program reads it)
     record.json    the runner's own record (below)
 
@@ -25,6 +28,8 @@ from pathlib import Path
 
 import msgspec
 
+from nodus_agent import mountplan
+from nodus_agent.mountplan import MountPlan
 from nodus_schema.messages import AttemptFinished, StartAttempt
 
 STARTING, RUNNING, FINISHED = "Starting", "Running", "Finished"
@@ -93,6 +98,21 @@ class AttemptDir:
         return self.root / "secrets"
 
     @property
+    def src(self) -> Path:
+        """The checkout of ``spec.source`` (git or an uploaded blob), made before the program starts."""
+        return self.root / "src"
+
+    @property
+    def mounts(self) -> Path:
+        """The process runtime's stand-in for a mount namespace: a link per mount at its path below."""
+        return self.root / "mounts"
+
+    @property
+    def plan_path(self) -> Path:
+        """The run's mount plan (:mod:`nodus_agent.mountplan`), saved before the program starts."""
+        return self.root / "plan.json"
+
+    @property
     def report(self) -> Path:
         return self.root / "report.jsonl"
 
@@ -116,6 +136,16 @@ class AttemptDir:
     def load_start(self) -> StartAttempt | None:
         try:
             return _start_decoder.decode(self.start_path.read_bytes())
+        except (FileNotFoundError, msgspec.DecodeError):
+            return None
+
+    def save_plan(self, plan: MountPlan) -> None:
+        _write_atomic(self.plan_path, mountplan.to_json(plan))
+
+    def load_plan(self) -> MountPlan | None:
+        """The saved plan; None when the run mounted nothing (or an older agent started it)."""
+        try:
+            return mountplan.from_json(self.plan_path.read_bytes())
         except (FileNotFoundError, msgspec.DecodeError):
             return None
 

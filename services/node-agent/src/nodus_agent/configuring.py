@@ -47,6 +47,10 @@ device plugin skips the same list, since draining a node for a user's bug would 
 fleet."""
 
 DEFAULT_MAX_INPUT_BYTES: Final = parse_bytes("50Gi")
+DEFAULT_CACHE_BYTES: Final = parse_bytes("100Gi")
+DEFAULT_GIT_HOST: Final = "https://github.com"
+"""Where ``spec.source.git.repo`` written ``owner/name`` is fetched from (ADR-0036); the gateway reads the
+same variable, so admission checks the repository the agents will fetch."""
 
 # Node names end up in subjects (``nodus.assign.<node>``), durable consumer names and KV keys: one
 # subject token, so a DNS label (no dots) is the safe common ground.
@@ -183,6 +187,14 @@ def _endpoint(raw: Any) -> str:
     return text
 
 
+def _git_host(raw: Any) -> str:
+    # https only: a private repository's token travels in a header, never over plain http.
+    text = _text(raw).rstrip("/")
+    if not re.fullmatch(r"https://[^\s/?#]+(/[^\s?#]*)?", text):
+        raise ValueError("an https:// URL such as https://github.com (no query, no fragment)")
+    return text
+
+
 def _port(raw: Any) -> int:
     try:
         value = int(str(raw).strip())
@@ -290,6 +302,9 @@ KEYS: Final[tuple[Key, ...]] = (
     _key("input.max_bytes", "max_input_bytes", _byte_count, DEFAULT_MAX_INPUT_BYTES, "cap on one input"),
     _key("input.parallel", "input_parallel", _positive_int, 4, "inputs fetched at once"),
     _key("input.ca_bundle", "ca_bundle", _file, None, "PEM, for https inputs", env="NODUS_AGENT_CA_BUNDLE"),
+    _key("git.host", "git_host", _git_host, DEFAULT_GIT_HOST, "owner/name repos", env="NODUS_GIT_HOST"),
+    _key("git.timeout_s", "git_timeout_s", _seconds(0.0, True), 600.0, "one checkout of spec.source"),
+    _key("cache.bytes", "cache_bytes", _byte_count, DEFAULT_CACHE_BYTES, "Volume revisions kept"),
     _key("gpu_health.enabled", "gpu_health", _bool, True),
     _key("gpu_health.on_fault", "gpu_fault_action", _choice(GPU_FAULT_ACTIONS), "stop", "running work"),
     _key("gpu_health.ignore_xids", "gpu_ignore_xids", _xids, APPLICATION_XIDS, "never drain"),

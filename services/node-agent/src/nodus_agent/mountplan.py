@@ -7,8 +7,11 @@ symbolic link under ``NODUS_MOUNTS`` for a local process (which has no mount nam
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from nodus_schema.attempts import MountRecord, SourceRecord
 
@@ -40,6 +43,36 @@ class MountPlan:
     """The program's working directory when spec.workingDir does not set it: the checkout."""
     source_host: Path | None = None
     """The checkout on this host (the process runtime's working directory)."""
+    source_path: str | None = None
+    """Where the program sees the checkout (NODUS_SRC in a container)."""
     source: SourceRecord | None = None
     records: list[MountRecord] = field(default_factory=list)
     writable: list[WritableMount] = field(default_factory=list)
+    leases: list[Any] = field(default_factory=list)
+    """The node cache's leases (:class:`nodus_agent.volumecache.CacheLease`) of the read-only mounts: held
+    until the run is over (:func:`nodus_agent.mounting.release`), so no entry a run reads is evicted."""
+
+
+def _enc(obj: Any) -> Any:
+    if isinstance(obj, Path):
+        return str(obj)
+    raise NotImplementedError(f"{type(obj).__name__} is not part of a mount plan")
+
+
+def _dec(typ: type, obj: Any) -> Any:
+    if typ is Path:
+        return Path(obj)
+    raise NotImplementedError(f"{typ} is not part of a mount plan")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc)
+_decoder = msgspec.json.Decoder(MountPlan, dec_hook=_dec)
+
+
+def to_json(plan: MountPlan) -> bytes:
+    """The plan as the attempt directory keeps it (``plan.json``): a re-adopted run has no plan in memory."""
+    return _encoder.encode(replace(plan, leases=[]))  # leases are this process's locks: never stored
+
+
+def from_json(data: bytes) -> MountPlan:
+    return _decoder.decode(data)

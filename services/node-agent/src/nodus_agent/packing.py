@@ -5,6 +5,8 @@ memory or on disk (the layout is :mod:`nodus_agent.archiving`'s).
 hands the compressed bytes to the event loop in chunks (a :class:`~nodus_agent.chunkstreams.ChunkStream`),
 so memory stays at a few chunks whatever the tree's size. :func:`file_stream` does the same for one file
 sent as is; :func:`measure` sizes the sources first, as a cap is checked before anything is uploaded.
+:func:`pack_tree` packs one directory with its members at the archive's root: the layout of an uploaded
+blob (a Volume revision, ADR-0036), which :func:`nodus_agent.unpacking.unpack_tree` reads.
 
 Files of 1 MiB or more whose samples do not compress (random, already compressed) skip zstd's work: their
 bytes go into zstd frames of raw blocks between the compressed frames. The stream is then a sequence of
@@ -53,6 +55,25 @@ def pack(
     """
     names = {check_name(name): Path(path) for name, path in sources.items()}
     check_disjoint(list(names))
+    return _pack(names, exclude, level, threads, chunk_size)
+
+
+def pack_tree(
+    root: Path,
+    *,
+    exclude: Collection[Path] = (),
+    level: int = LEVEL,
+    threads: int = THREADS,
+    chunk_size: int = CHUNK_SIZE,
+) -> ChunkStream:
+    """A tar.zst of the directory ``root`` whose members are paths relative to it (``a.txt``, ``d/b``;
+    ``root`` itself is no member), streamed in chunks as :func:`pack` does."""
+    return _pack({"": Path(root)}, exclude, level, threads, chunk_size)
+
+
+def _pack(
+    names: Mapping[str, Path], exclude: Collection[Path], level: int, threads: int, chunk_size: int
+) -> ChunkStream:
     skip = {os.path.abspath(p) for p in exclude}
 
     def produce(out: ChunkStream) -> None:
@@ -131,7 +152,10 @@ class _Packer:
         try:
             for entry, st in _walk(Path(root), self.skip):
                 rel = os.path.relpath(entry, root)
-                member = name if rel == "." else f"{name}/{Path(rel).as_posix()}"
+                if not name and rel == ".":
+                    continue  # a tree's root is where it is unpacked, not a member
+                posix = Path(rel).as_posix()
+                member = name if rel == "." else f"{name}/{posix}" if name else posix
                 self._add(member, entry, st, real_root)
         except PermissionError as e:
             raise ArchiveError(

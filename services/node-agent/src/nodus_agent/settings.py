@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from nodus_agent import configuring
 from nodus_agent.configuring import (
     APPLICATION_XIDS,
+    DEFAULT_CACHE_BYTES,
+    DEFAULT_GIT_HOST,
     DEFAULT_MAX_INPUT_BYTES,
     ConfigError,
     Ulimit,
@@ -70,7 +72,13 @@ class AgentSettings:
     """The most one input may take on disk; a larger one fails the attempt before it downloads."""
     input_parallel: int = 4
     ca_bundle: Path | None = None
-    """A PEM bundle trusted for https inputs (a private CA), beside the system's."""
+    """A PEM bundle trusted for https inputs and git fetches (a private CA), beside the system's."""
+    git_host: str = DEFAULT_GIT_HOST
+    """The git host ``owner/name`` repositories resolve against (NODUS_GIT_HOST, shared with the gateway)."""
+    git_timeout_s: float = 600.0
+    """The longest one checkout of spec.source.git may take, every git command together."""
+    cache_bytes: int = DEFAULT_CACHE_BYTES
+    """The disk budget of the node's cache of Volume revisions (``<workdir>/cache``)."""
     gpu_health: bool = True
     """Watch NVML for GPU faults and drain the node on one (no effect on a fake inventory)."""
     gpu_fault_action: str = "stop"

@@ -3,8 +3,10 @@
 :func:`unpack` feeds a stream of compressed chunks to a worker thread that decompresses and extracts into a
 *staging* directory beside each target, checks the sha256 of the compressed bytes at the end, and only
 then moves the staged tree into place. A corrupt or hostile archive (a member that climbs out with ``..``,
-a link that leads outside its target, a device) leaves every target as it was. Separate from packing:
-everything here is about distrust of the archive read, which packing never needs.
+a link that leads outside its target, a device) leaves every target as it was. :func:`unpack_tree` does
+the same for an archive whose members sit at its root (an uploaded blob, ADR-0036), all into one target,
+under a cap on what it holds. Separate from packing: everything here is about distrust of the archive read,
+which packing never needs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import zstandard
 
 from nodus_agent.archiving import (
     COPY_SIZE,
+    ArchiveError,
     DigestMismatch,
     StreamStats,
     UnsafeArchive,
@@ -66,9 +69,36 @@ async def unpack(
     """
     routes = [_route(check_name(n), Path(t)) for n, t in targets.items()]
     check_disjoint([r.name for r in routes])
+    return await _unpack(chunks, routes, sha256, size, None)
+
+
+async def unpack_tree(
+    chunks: AsyncIterable[bytes],
+    target: Path,
+    *,
+    sha256: str | None = None,
+    size: int | None = None,
+    max_bytes: int | None = None,
+) -> StreamStats:
+    """Extract a tar.zst stream whose members sit at the archive's root (``a.txt``, ``dir/b``, also tar's
+    own ``./a.txt``) into ``target``, all or nothing, as :func:`unpack` does; ``target`` exists afterwards
+    even for an empty archive. ``max_bytes`` caps the files' total: an archive that holds more (a
+    decompression bomb) is refused with :class:`ArchiveError` before the first file past it is written."""
+    stats = await _unpack(chunks, [_route("", Path(target))], sha256, size, max_bytes)
+    await asyncio.to_thread(Path(target).mkdir, parents=True, exist_ok=True)
+    return stats
+
+
+async def _unpack(
+    chunks: AsyncIterable[bytes],
+    routes: list[_Route],
+    sha256: str | None,
+    size: int | None,
+    max_bytes: int | None,
+) -> StreamStats:
     pipe: Pipe[bytes | End] = Pipe(QUEUE_DEPTH)
     stats = StreamStats()
-    worker = asyncio.ensure_future(asyncio.to_thread(_extract, pipe, routes, stats))
+    worker = asyncio.ensure_future(asyncio.to_thread(_extract, pipe, routes, stats, max_bytes))
     try:
         await _feed(chunks, pipe, worker)
         await worker
@@ -142,13 +172,15 @@ class _QueueReader:
         self.stats.sha256 = self.digest.hexdigest()
 
 
-def _extract(pipe: Pipe[bytes | End], routes: list[_Route], stats: StreamStats) -> None:
+def _extract(
+    pipe: Pipe[bytes | End], routes: list[_Route], stats: StreamStats, max_bytes: int | None
+) -> None:
     """The worker thread: decompress, check and stage every member; links last, then check them."""
     for r in routes:
         _clear_stage(r)
         r.root.parent.mkdir(parents=True)
     raw = _QueueReader(pipe, stats)
-    extractor = _Extractor(routes, stats)
+    extractor = _Extractor(routes, stats, max_bytes)
     try:
         dctx = zstandard.ZstdDecompressor()
         source = cast(IO[bytes], raw)
@@ -170,8 +202,8 @@ def _extract(pipe: Pipe[bytes | End], routes: list[_Route], stats: StreamStats) 
 class _Extractor:
     """Writes members into their route's staging directory, refusing anything that could escape it."""
 
-    def __init__(self, routes: list[_Route], stats: StreamStats) -> None:
-        self.routes, self.stats = routes, stats
+    def __init__(self, routes: list[_Route], stats: StreamStats, max_bytes: int | None = None) -> None:
+        self.routes, self.stats, self.max_bytes = routes, stats, max_bytes
         self.links: list[tuple[Path, str, _Route, tarfile.TarInfo]] = []
         self.dirs: list[tuple[Path, tarfile.TarInfo]] = []
         self.chown = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -181,6 +213,8 @@ class _Extractor:
         if found is None:
             return  # a path the caller did not ask for
         route, dest = found
+        if not route.name and dest == route.root and not m.isdir():
+            raise UnsafeArchive(f"member {m.name!r} names the archive's root but is not a directory")
         if m.isdir():
             self._mkdir(dest, route)
             self.dirs.append((dest, m))
@@ -192,10 +226,17 @@ class _Extractor:
             raise UnsafeArchive(f"{m.name}: {_kind(m)} members are never restored")
 
     def _place(self, name: str) -> tuple[_Route, Path] | None:
+        tree = len(self.routes) == 1 and not self.routes[0].name
+        if tree:  # tar run in the folder (``tar -C dir .``) names the root "./" and its members "./x"
+            if name.rstrip("/") in ("", "."):
+                return self.routes[0], self.routes[0].root
+            name = name.removeprefix("./")
         clean = name.rstrip("/")
         parts = clean.split("/")
         if not clean or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in name:
             raise UnsafeArchive(f"member {name!r} is absolute or climbs with '..': refusing the archive")
+        if tree:
+            return self.routes[0], self.routes[0].root.joinpath(*parts)
         for r in self.routes:
             if clean == r.name:
                 return r, r.root
@@ -214,6 +255,8 @@ class _Extractor:
         path.mkdir(parents=True, exist_ok=True)
 
     def _write(self, tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, route: _Route) -> None:
+        if self.max_bytes is not None and self.stats.raw_bytes + m.size > self.max_bytes:
+            raise ArchiveError(f"{m.name}: the archive holds more than the cap of {self.max_bytes} bytes")
         self._mkdir(dest.parent, route)
         src = tar.extractfile(m)
         assert src is not None

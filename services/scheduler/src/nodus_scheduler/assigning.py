@@ -46,6 +46,8 @@ def start_message(
         init_command=spec.init_command,
         network=spec.network,
         image_pull_secrets=list(spec.image_pull_secrets),
+        source=spec.source,
+        volumes=list(spec.volumes),
     )
 
 

@@ -28,7 +28,11 @@ FINISH_PHASE = {
     "DeadlineExceeded": "Failed",
     "Stopped": "Stopped",
     "Lost": "Lost",
+    # spec.source could not be fetched (ADR-0036): the run failed before its program started.
+    "SourceUnavailable": "Failed",
 }
+NEVER_STARTED = frozenset({"Lost", "SourceUnavailable"})
+"""Finish reasons of a run whose program never started: no startTime, billed only as a failed start."""
 
 
 class Reports:
@@ -122,6 +126,8 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
             start_time=report.time,
             billing_start_ms=report.started_ms,
             program_start_ms=report.program_ms,
+            source=report.source or st.source,
+            mounts=list(report.mounts) or st.mounts,
         )
     elif isinstance(report, AttemptProgress):
         st = msgspec.structs.replace(st, units_per_second=report.units_per_second)
@@ -145,10 +151,12 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
             units_per_second=report.units_per_second or st.units_per_second,
             # A run that could not start on its node (Lost, no AttemptStarted) never started: no startTime,
             # so billing covers it whole and no replacement restores from it.
-            start_time=st.start_time or (None if report.reason == "Lost" else report.time),
+            start_time=st.start_time or (None if report.reason in NEVER_STARTED else report.time),
             outputs=list(report.outputs),
             restored_from=report.restored_from or st.restored_from,
             billing_start_ms=st.billing_start_ms or report.started_ms,
             billing_stop_ms=report.stopped_ms,
+            source=report.source or st.source,
+            mounts=list(report.mounts) or st.mounts,
         )
     return msgspec.structs.replace(a, status=st)
