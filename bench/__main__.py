@@ -18,6 +18,7 @@ from bench import (
     simulator_bench,
     store_bench,
     sweeps_bench,
+    volume_bench,
 )
 from bench.running import AUTH_ENV, Result, render
 
@@ -30,6 +31,7 @@ BENCHMARKS = {
     "billing": billing_bench.run,
     "sweeps": sweeps_bench.run,
     "simulator": simulator_bench.run,
+    "volume": volume_bench.run,
 }
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARK = "<!-- results:{name} -->"

@@ -34,8 +34,10 @@ from nodus_schema.jobs import (
     JobInput,
     OutputInput,
     SecretKeySelector,
+    StageInput,
     URLInput,
     VolumeInput,
+    WorkspaceInput,
 )
 from nodus_schema.meta import ObjectMeta
 from nodus_testing import certs
@@ -249,13 +251,29 @@ async def test_a_missing_url_is_an_error_to_fix_not_to_retry(https: Server, tmp_
 
 
 async def test_refused_kinds_and_bad_names_fail_before_any_fetch(https: Server, tmp_path: Path) -> None:
-    volume = JobInput(name="weights", volume=VolumeInput(name="llama", revision=1))
+    stage = JobInput(name="prev", from_stage=StageInput(stage="prep", output="data"))
     before = https.hits.get("/blob", 0)
-    with pytest.raises(InputError, match="volume inputs are not supported yet"):
-        await materialise([url_input(https.url("/blob")), volume], tmp_path / "inputs", ctx_for(https))
+    with pytest.raises(InputError, match="fromStage inputs are not supported yet"):
+        await materialise([url_input(https.url("/blob")), stage], tmp_path / "inputs", ctx_for(https))
     with pytest.raises(InputError, match="a name is a letter"):
         await materialise([url_input(https.url("/blob"), name="../etc")], tmp_path / "inputs", ctx_for(https))
     assert https.hits.get("/blob", 0) == before
+
+
+async def test_volume_and_workspace_inputs_are_left_to_the_mounts(https: Server, tmp_path: Path) -> None:
+    volume = JobInput(name="weights", volume=VolumeInput(name="llama", revision=1))
+    home = JobInput(name="notes", from_workspace=WorkspaceInput(name="home"))
+    records = await materialise(
+        [volume, url_input(https.url("/blob")), home], tmp_path / "inputs", ctx_for(https)
+    )
+    assert [r.name for r in records] == ["data"]
+    assert sorted(p.name for p in (tmp_path / "inputs").iterdir()) == ["data"]
+    with pytest.raises(InputError, match="two inputs have this name"):  # still checked with the others
+        await materialise(
+            [volume, JobInput(name="weights", from_workspace=WorkspaceInput(name="h"))],
+            tmp_path / "inputs",
+            ctx_for(https),
+        )
 
 
 def test_input_settings_from_env(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodus_agent import retaining, s3
+from nodus_agent import retaining, s3, uploading
 from nodus_agent.checkpointing import Checkpointer
 from nodus_schema import noding
 from nodus_schema.jobs import CheckpointPolicy, Job, JobSpec, JobStatus, Recovery
@@ -100,3 +100,41 @@ async def test_a_pass_deletes_expired_checkpoints_and_keeps_the_rest(
     assert all(f"running-{kept_uid[:8]}" in k or "/outputs/" in k for k in left), left
     assert any(k.endswith("/latest") for k in left)
     assert f"{NAMESPACE}/running/0/outputs/result" in left
+
+
+class Recording:
+    """An asker that says every folder has expired, and remembers which it was asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list[JobFolder] = []
+
+    async def expired(self, folders: list[JobFolder]) -> list[bool]:
+        self.asked += folders
+        return [True] * len(folders)
+
+
+@pytest.mark.s3
+async def test_nodus_own_prefix_is_never_taken_for_a_project(seaweed: SeaweedS3, unique: str) -> None:
+    store = s3.S3Settings(
+        bucket=f"{unique}-own",
+        endpoint=seaweed.endpoint_url,
+        region=seaweed.region,
+        access_key=seaweed.access_key,
+        secret_key=seaweed.secret_key,
+    )
+    kept = [
+        f"_nodus/blobs/{NAMESPACE}/{'ab' * 32}.tar.zst",
+        f"_nodus/workspaces/{NAMESPACE}/home/notes.md",
+        "_nodus/cache-0123abcd/0/a1/ckpt-1.tar.zst",  # shaped like a Job folder, but Nodus's own
+    ]
+    asker = Recording()
+    async with s3.client(store) as client:
+        await client.create_bucket(Bucket=store.bucket)
+        for key in kept:
+            await client.put_object(Bucket=store.bucket, Key=key, Body=b"x")
+        await client.put_object(Bucket=store.bucket, Key=f"{NAMESPACE}/gone-0123abcd/0/x", Body=b"x")
+        await retaining.sweep(client, store.bucket, asker, now=datetime.now(UTC) + timedelta(seconds=5))
+        left = {o["Key"] for o in await uploading.list_objects(client, store.bucket, "_nodus/")}
+
+    assert [(f.namespace, f.name) for f in asker.asked] == [(NAMESPACE, "gone")]
+    assert left == set(kept)

@@ -91,6 +91,9 @@ RESERVED_ENV: Final = frozenset(
         "NODUS_MASTER_ADDR",
         "NODUS_MASTER_PORT",
         "NODUS_LAUNCHER",
+        # Where the process runtime puts spec.source's checkout and Volume mounts (ADR-0036).
+        "NODUS_SRC",
+        "NODUS_MOUNTS",
     }
 )
 """The env contract the agent sets at run time; a user value would be silently overwritten, so it is refused.

@@ -11,6 +11,7 @@ looks like a passed suite, and a fake would test nothing.
 from __future__ import annotations
 
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import NoReturn, Protocol, TypeVar
 
 import pytest
 
+from nodus_testing import certs
+from nodus_testing.gitserver import GitServer
 from nodus_testing.natsserver import NatsServer
 from nodus_testing.podman import PodmanService
 from nodus_testing.seaweed import SeaweedS3
@@ -110,6 +113,19 @@ def busybox_image(request: pytest.FixtureRequest, podman: PodmanService) -> str:
         _fail_missing("busybox_image", missing)
     request.config.stash.setdefault(_STARTUPS, {})["busybox_image"] = time.monotonic() - began
     return tag
+
+
+@pytest.fixture(scope="session")
+def git_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GitServer]:
+    """A git host over https on 127.0.0.1 (:mod:`nodus_testing.gitserver`): ``url(owner/name)``,
+    ``create_repo``, ``token`` for ``private/...`` repositories, ``ca`` for the clients to trust."""
+    if shutil.which("git") is None:
+        _fail_missing("git_server", "the git command is not on the PATH")
+    base = tmp_path_factory.mktemp("git-server")
+    tls = certs.ensure(base / "certs")
+    yield from _started(request, "git_server", lambda: GitServer(base / "repos", tls), lambda s: s.start())
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 This module turns a StartAttempt into a :class:`~nodus_agent.containerspec.ContainerSpec`: the Job's image,
 command and args (Kubernetes' ENTRYPOINT/CMD rule), the env contract with ``/nodus/...`` paths, the
 attempt's folders mounted (inputs read-only), Secrets mounted read-only at ``/nodus/secrets/<name>``,
-the Job's CPU and memory floors as limits, this node's GPUs, the egress policy, the init command and
+the checkout of ``spec.source`` and the Volume mounts bound at their paths (ADR-0036: in the init container
+and the sidecars too; the checkout is the working directory unless ``workingDir`` is set), the Job's CPU
+and memory floors as limits, this node's GPUs, the egress policy, the init command and
 sidecars, and the registry credentials of ``imagePullSecrets``. Containers carry the node's and the
 attempt's labels, so an agent that restarts finds them and reports their real ends (ADR-0018).
 """
@@ -92,9 +94,12 @@ class DockerRuntime:
 
     async def launch(self, launch: Launch) -> Running:
         try:
+            await asyncio.to_thread(_mount_points, launch)
             spec = await self.spec(launch)
         except ValueError as e:
             raise LaunchError("Error", str(e)) from None
+        except OSError as e:  # this host's disk
+            raise LaunchError("Lost", f"could not make mount points in {launch.dir.inputs}: {e}") from None
         try:
             cid = await self.containers.launch(spec)
         except LaunchFailed as e:
@@ -109,6 +114,11 @@ class DockerRuntime:
         mounts: list[Mount] = list(attempt_mounts(launch.dir))
         if launch.secret_files:
             mounts.append(Mount(launch.dir.secrets, SECRETS_PATH, read_only=True))
+        # After the attempt's own: a Volume input at /nodus/inputs/<name> lands inside the inputs' bind.
+        mounts.extend(Mount(m.host, m.target, read_only=m.read_only) for m in launch.plan.mounts)
+        env = launch.env
+        if launch.plan.source_path is not None:
+            env = {**env, "NODUS_SRC": launch.plan.source_path}
         policy = msg.network.egress.policy if msg.network and msg.network.egress else None
         resources = msg.resources
         return ContainerSpec(
@@ -118,8 +128,8 @@ class DockerRuntime:
             image=msg.image or "",
             command=tuple(msg.command),
             args=tuple(msg.args),
-            env=launch.env,
-            working_dir=msg.working_dir,
+            env=env,
+            working_dir=msg.working_dir or launch.plan.working_dir,
             labels={"nodus.dev/job": msg.job, "nodus.dev/index": str(msg.index)},
             gpu_ids=self.gpu_ids,
             gpu_mode=self.gpu_mode,
@@ -131,7 +141,7 @@ class DockerRuntime:
             host_network=msg.gang is not None,
             pull_auth=await self._pull_auth(msg),
             init_command=_init(msg),
-            sidecars=tuple(_sidecar(s, launch.env) for s in msg.sidecars),
+            sidecars=tuple(_sidecar(s, env) for s in msg.sidecars),
         )
 
     def remember(self, record: Record, running: Running) -> Record:
@@ -193,6 +203,17 @@ class DockerRuntime:
             if auth is not None:
                 return auth
         raise ValueError(f"imagePullSecrets: none of {msg.image_pull_secrets} has credentials for {registry}")
+
+
+def _mount_points(launch: Launch) -> None:
+    """The folder each mount under /nodus/inputs is bound on, made on the host: the inputs' own bind is
+    read-only, so the engine could not make it inside the container (blocking)."""
+    for m in launch.plan.mounts:
+        if m.target.startswith(INPUTS_PATH + "/"):
+            rest = m.target[len(INPUTS_PATH) + 1 :].strip("/").split("/")
+            if ".." in rest:
+                raise ValueError(f"mount path {m.target!r} climbs out of {INPUTS_PATH}")
+            launch.dir.inputs.joinpath(*rest).mkdir(parents=True, exist_ok=True)
 
 
 def container_name(msg: StartAttempt) -> str:

@@ -19,6 +19,16 @@ Paths: a local process gets the attempt directory's own ``outputs/``, ``state/``
 container runtime will mount those same directories at ``/nodus/outputs``, ``/nodus/state`` and
 ``/nodus/inputs`` and set the variables to those paths, so a program that reads the variables runs
 unchanged under both.
+
+Code and data (ADR-0036), set by the runtime from the run's mount plan:
+
+* ``NODUS_SRC``: the checkout of ``spec.source`` (git or an uploaded blob) where the program sees it: its
+  path in a container (``/nodus/src``, or ``git.path``/``workingDir``), the attempt's ``src/`` folder for
+  a local process. It is the working directory unless ``workingDir`` is set.
+* ``NODUS_MOUNTS`` (process runtime only, which has no mount namespace): a folder where each mount
+  outside ``/nodus/inputs`` is a link at its path without the leading ``/`` (a Volume at ``/data/x`` is
+  ``$NODUS_MOUNTS/data/x``); a Volume or Workspace input is a link at ``$NODUS_INPUTS/<name>`` as in a
+  container. A container sees every mount at its own path and gets no ``NODUS_MOUNTS``.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ class InputRecord(msgspec.Struct, kw_only=True, omit_defaults=True, rename="came
 
     name: str
     kind: str
-    """url, bucket or output."""
+    """url, bucket or output; fromWorkspace for a Workspace's snapshot (:mod:`nodus_agent.mounting`)."""
     source: str
     """Where it came from: the URL without its query (signed URLs carry keys there), or an s3:// URI."""
     path: str

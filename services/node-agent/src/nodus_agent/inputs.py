@@ -9,7 +9,10 @@ Each input ``<name>`` ends up at ``<attempt dir>/inputs/<name>`` (the program se
 * ``output``: another Job's committed output from the agent's own output store: a file, or a directory
   archived as ``.tar.zst`` and extracted safely here.
 
-``volume``, ``fromWorkspace`` and ``fromStage`` are refused (admission refuses them too).
+``volume`` and ``fromWorkspace`` inputs are checked here with the others but put in place by
+:mod:`nodus_agent.mounting` (a Volume revision from the node's cache, a Workspace's snapshot), which knows
+the grant's revisions and the node's cache; ``fromStage`` is refused (Nodus has no Pipelines yet, and
+admission refuses it too).
 
 Safe to kill at any line, and idempotent: everything is fetched into a private staging directory beside
 ``inputs/`` and renamed into place only once complete and verified, so the final name never holds a partial
@@ -39,15 +42,18 @@ from nodus_agent.inputstaging import Clients, Layout, Materialisation
 from nodus_agent.inputurl import fetch_url
 from nodus_schema.jobs import JobInput
 
-__all__ = ["materialise"]
+__all__ = ["INPUT_NAME", "MOUNTED_KINDS", "materialise"]
 
 INPUT_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
-REFUSED_KINDS: Final = {"volume": "Volumes", "fromWorkspace": "Workspaces", "fromStage": "Pipelines"}
+REFUSED_KINDS: Final = {"fromStage": "Pipelines"}
+MOUNTED_KINDS: Final = frozenset({"volume", "fromWorkspace"})
+"""Kinds :func:`nodus_agent.mounting.prepare_mounts` puts in place (:func:`materialise` skips them)."""
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 
 
 async def materialise(inputs: Sequence[JobInput], dir: Path, ctx: InputContext) -> list[InputRecord]:
-    """Put every input under ``dir`` (the attempt's ``inputs/``), in order of ``inputs``; one record each.
+    """Put every input under ``dir`` (the attempt's ``inputs/``), in order of ``inputs``; one record each,
+    but for the :data:`MOUNTED_KINDS`, which are checked with the others and left to the mounts.
 
     Checks every input before fetching any. Raises :class:`InputError` on the first input that fails; the
     others are cancelled, and nothing partial is left under a final name. One call per ``dir`` at a time
@@ -58,6 +64,7 @@ async def materialise(inputs: Sequence[JobInput], dir: Path, ctx: InputContext) 
     for name in names:
         if names.count(name) > 1:
             raise InputError(str(name), "two inputs have this name; names must be unique")
+    inputs = [inp for inp in inputs if _kind_of(inp) not in MOUNTED_KINDS]
     run = Materialisation(await asyncio.to_thread(Layout.prepare, dir), Clients())
     gate = asyncio.Semaphore(ctx.settings.parallel)
 
@@ -78,7 +85,8 @@ async def materialise(inputs: Sequence[JobInput], dir: Path, ctx: InputContext) 
 
 
 def _kind_of(inp: JobInput) -> str:
-    """The one source an input names (``url``, ``bucket``, ``output``, or a refused kind); "" for none."""
+    """The one source an input names (``url``, ``bucket``, ``output``, a mounted or a refused kind); "" for
+    none."""
     kinds = _kinds(inp)
     return kinds[0] if len(kinds) == 1 else ""
 
@@ -102,12 +110,15 @@ def _check(inp: JobInput) -> None:
         raise InputError(name, "a name is a letter, then up to 63 letters, digits or '_'")
     kinds = _kinds(inp)
     if len(kinds) != 1:
-        raise InputError(name, f"an input has exactly one of url, bucket or output; this one has {kinds}")
+        raise InputError(
+            name,
+            f"an input has exactly one of url, bucket, output, volume or fromWorkspace; this one has {kinds}",
+        )
     if kinds[0] in REFUSED_KINDS:
         raise InputError(
             name,
             f"{kinds[0]} inputs are not supported yet (Nodus has no {REFUSED_KINDS[kinds[0]]}); "
-            "use url, bucket or output",
+            "use url, bucket, output, volume or fromWorkspace",
         )
     digest = inp.url.sha256 if inp.url else inp.bucket.sha256 if inp.bucket else None
     if digest is not None and not _SHA256.fullmatch(digest):

@@ -1,10 +1,16 @@
-"""Before the program starts, and around it while it runs: secrets, inputs, checkpoints, logs.
+"""Before the program starts, and around it while it runs: secrets, inputs, mounts, source, checkpoints, logs.
 
 The runner (:mod:`nodus_agent.running`) calls these with a :class:`Toolkit`: what this agent can reach
 (the bus for logs, the gateway's answers for a run's Secrets and Connections, the S3 store of checkpoints
 and outputs). A part
 the toolkit lacks is skipped, with the consequence said where it matters: no store means no checkpoint
-and no restore (logged once per attempt), an input of kind ``output`` fails with what to configure.
+and no restore (logged once per attempt), an input of kind ``output`` fails with what to configure, and
+Volumes and uploaded blobs cannot be read (Lost: another node may have a store).
+
+What the program sees besides the attempt's own folders is a :class:`~nodus_agent.mountplan.MountPlan`:
+the Volume mounts (:mod:`nodus_agent.mounting`) and the checkout of ``spec.source``
+(:mod:`nodus_agent.sourcing`), in that order, so a checkout's mount comes first and a Volume mounted
+inside it lands on top. The plan is saved beside the record: a re-adopted run still commits and reports.
 
 Program paths (``/nodus/state``, ``/nodus/outputs``, ``/nodus/inputs``) map to the attempt directory's
 own folders on this host, whatever the runtime: a container has them mounted there, a local process is
@@ -20,19 +26,30 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodus_agent import checkpointing, inputs, secrets
+from nodus_agent import checkpointing, inputs, mounting, secrets, sourcing
 from nodus_agent.attemptdir import AttemptDir
 from nodus_agent.checkpointing import Checkpointer, CheckpointError, CheckpointInfo, Notify
-from nodus_agent.granting import Grants, NotBound
-from nodus_agent.inputcontext import InputContext, InputError, InputRecord, InputSettings, S3Credentials
+from nodus_agent.granting import Granted, Grants, NotBound
+from nodus_agent.inputcontext import (
+    InputContext,
+    InputError,
+    InputRecord,
+    InputSettings,
+    S3Credentials,
+    secret_value,
+)
 from nodus_agent.logshipping import LogShipper
+from nodus_agent.mountplan import MountPlan
 from nodus_agent.s3 import S3Settings
 from nodus_agent.secrets import Resolved, SecretError, SecretReader
 from nodus_agent.settings import AgentSettings
+from nodus_agent.sourcing import GitCredential, SourceContext, SourceError
+from nodus_agent.volumecache import VolumeCache
 from nodus_kit.errors import NotFound
-from nodus_schema.attempts import CheckpointRecord
+from nodus_schema.attempts import CheckpointRecord, SourceRecord
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.messages import StartAttempt
+from nodus_schema.noding import connection_secrets
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +77,11 @@ class Toolkit:
     """An open aiobotocore client of ``store``."""
     inputs: InputSettings = field(default_factory=InputSettings)
     interruptible: bool = False
+    cache: VolumeCache | None = None
+    """The node's cache of extracted Volume revisions (one per agent process)."""
+    committer: Any | None = None
+    """Asks the gateway to make a writable mount's upload the Volume's next revision
+    (:class:`nodus_agent.volumecommit.Committer`); None without a bus."""
 
 
 @dataclass
@@ -68,24 +90,38 @@ class Prepared:
     secret_dirs: dict[str, Path] = field(default_factory=dict)
     inputs: list[InputRecord] = field(default_factory=list)
     restored: CheckpointRecord | None = None
+    plan: MountPlan = field(default_factory=MountPlan)
+    """The checkout and the Volume mounts, for the runtime, the reports and the commit at the end."""
 
 
 class PrepareError(Exception):
-    """The attempt cannot start: ``reason`` Error (the customer's to fix) or Lost (this node's)."""
+    """The attempt cannot start: ``reason`` Error (the customer's to fix), SourceUnavailable (its code
+    cannot be fetched; ``source`` says what was tried) or Lost (this node's)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, *, source: SourceRecord | None = None) -> None:
         super().__init__(message)
-        self.reason, self.message = reason, message
+        self.reason, self.message, self.source = reason, message, source
 
 
 async def prepare(toolkit: Toolkit, settings: AgentSettings, msg: StartAttempt, adir: AttemptDir) -> Prepared:
-    """Secret values, inputs and the restored checkpoint, in that order; PrepareError on a failure."""
+    """Secret values, inputs, Volume mounts, the checkout of spec.source and the restored checkpoint, in
+    that order; PrepareError on a failure."""
     prepared = Prepared()
     prepared.secrets = await _secrets(toolkit, msg)
     prepared.secret_dirs = secrets.write_files(prepared.secrets, adir.secrets)
     if msg.inputs:
         prepared.inputs = await _inputs(toolkit, msg, adir)
-    prepared.restored = await _restore(toolkit, msg, adir)
+    try:
+        if uses_volumes(msg):
+            await _mounts(toolkit, msg, adir, prepared.plan)
+        if msg.source is not None:
+            await _source(toolkit, settings, msg, adir, prepared.plan)
+        if prepared.plan.mounts or prepared.plan.records:
+            adir.save_plan(prepared.plan)
+        prepared.restored = await _restore(toolkit, msg, adir)
+    except BaseException:  # a failure or a stop: nothing will read the cached revisions
+        mounting.release(prepared.plan)
+        raise
     return prepared
 
 
@@ -104,15 +140,20 @@ def _uses_secrets(msg: StartAttempt) -> bool:
     return bool(msg.secrets) or any(v.value_from is not None for v in msg.env)
 
 
-async def readers(toolkit: Toolkit, msg: StartAttempt) -> tuple[SecretReader, ConnectionReader]:
-    """The run's Secret and Connection readers: the gateway's answer for this Attempt."""
+async def granted(toolkit: Toolkit, msg: StartAttempt) -> Granted:
+    """The gateway's answer for this Attempt: its Secrets, Connections and Volume revisions."""
     if toolkit.grants is None:
         raise PrepareError("Lost", "this node agent cannot read Secrets or Connections (no bus connection)")
     try:
-        granted = await toolkit.grants.of(msg)
+        return await toolkit.grants.of(msg)
     except NotBound as e:  # finished or moved meanwhile: the scheduler knows already
         raise PrepareError("Lost", f"the run is no longer this node's: {e}") from None
-    return granted.secrets, granted.connections
+
+
+async def readers(toolkit: Toolkit, msg: StartAttempt) -> tuple[SecretReader, ConnectionReader]:
+    """The run's Secret and Connection readers: the gateway's answer for this Attempt."""
+    answer = await granted(toolkit, msg)
+    return answer.secrets, answer.connections
 
 
 async def _secrets(toolkit: Toolkit, msg: StartAttempt) -> Resolved:
@@ -147,16 +188,7 @@ async def connection_with_secrets(
         raise PrepareError(
             "Error", f"Connection {namespace}/{name} does not exist: create it in the Job's project"
         ) from None
-    names: set[str] = set()
-    spec = conn.spec
-    for ref in (
-        spec.s3.access_key_id_ref if spec.s3 else None,
-        spec.s3.secret_access_key_ref if spec.s3 else None,
-        spec.postgres.password_ref if spec.postgres else None,
-    ):
-        if ref is not None and ref.name:
-            names.add(ref.name)
-    return conn, await _secret_map(secret_reader, namespace, names)
+    return conn, await _secret_map(secret_reader, namespace, connection_secrets(conn))
 
 
 # -- inputs -------------------------------------------------------------------------------------------------
@@ -177,6 +209,111 @@ async def _inputs(toolkit: Toolkit, msg: StartAttempt, adir: AttemptDir) -> list
         return await inputs.materialise(msg.inputs, adir.inputs, ctx)
     except InputError as e:
         raise PrepareError("Lost" if e.retryable else "Error", str(e)) from None
+
+
+# -- Volumes and Workspaces ----------------------------------------------------------------------------
+def uses_volumes(msg: StartAttempt) -> bool:
+    return bool(msg.volumes) or any(i.volume is not None or i.from_workspace is not None for i in msg.inputs)
+
+
+def mount_context(toolkit: Toolkit) -> mounting.MountContext:
+    """What :mod:`nodus_agent.mounting` reads and writes with; PrepareError (Lost) where this node lacks a
+    part: another node may have it."""
+    if toolkit.s3 is None or toolkit.store is None or toolkit.cache is None:
+        raise PrepareError(
+            "Lost",
+            "this node has no store configured (NODUS_AGENT_S3_BUCKET): it cannot mount Volumes or "
+            "Workspaces",
+        )
+    return mounting.MountContext(
+        toolkit.s3, toolkit.store.bucket, toolkit.cache, toolkit.committer, toolkit.inputs.max_bytes
+    )
+
+
+async def _mounts(toolkit: Toolkit, msg: StartAttempt, adir: AttemptDir, plan: MountPlan) -> None:
+    ctx = mount_context(toolkit)
+    revisions = (await granted(toolkit, msg)).revisions
+    try:
+        await mounting.prepare_mounts(ctx, msg, adir, revisions, plan)
+    except mounting.MountError as e:
+        raise PrepareError("Lost" if e.retryable else "Error", str(e)) from None
+
+
+async def retain_mounts(toolkit: Toolkit, plan: MountPlan) -> None:
+    """A re-adopted run holds its cached revisions again, so they are not evicted under it (best effort:
+    a node without a store or cache has nothing to hold)."""
+    if plan.records and toolkit.s3 is not None and toolkit.store is not None and toolkit.cache is not None:
+        try:
+            await mounting.retain(mount_context(toolkit), plan)
+        except Exception as e:  # the run goes on: only eviction protection is lost
+            log.warning("re-adopted run: its cache entries are not held (%s)", e)
+
+
+async def commit_mounts(toolkit: Toolkit, msg: StartAttempt, plan: MountPlan) -> tuple[str, str] | None:
+    """The writable mounts of a successful index made their Volumes' next revisions (the records in
+    ``plan`` updated); else (reason, message) to finish with: Error, or Lost where a retry may work."""
+    try:
+        await mounting.commit_mounts(mount_context(toolkit), msg, plan)
+    except PrepareError as e:
+        return e.reason, e.message
+    except mounting.MountError as e:
+        return ("Lost" if e.retryable else "Error"), str(e)
+    return None
+
+
+# -- source -------------------------------------------------------------------------------------------------
+async def _source(
+    toolkit: Toolkit, settings: AgentSettings, msg: StartAttempt, adir: AttemptDir, plan: MountPlan
+) -> None:
+    ctx = SourceContext(
+        git_host=settings.git_host,
+        timeout_s=settings.git_timeout_s,
+        ca_bundle=settings.ca_bundle,
+        credential=await _git_credential(toolkit, settings, msg),
+        s3=toolkit.s3,
+        bucket=toolkit.store.bucket if toolkit.store is not None else None,
+        max_bytes=settings.max_input_bytes,
+    )
+    try:
+        await sourcing.checkout(ctx, msg, adir, plan)
+    except SourceError as e:
+        raise PrepareError(e.reason, e.message, source=e.tried) from None
+
+
+async def _git_credential(
+    toolkit: Toolkit, settings: AgentSettings, msg: StartAttempt
+) -> GitCredential | None:
+    """The token of the Git Connection (listed by the Job) whose url prefixes the repository's, the
+    longest such prefix if several; None for a blob, a repository none applies to, or a runner alone."""
+    git = msg.source.git if msg.source is not None else None
+    if git is None or toolkit.grants is None:
+        return None
+    try:
+        url = sourcing.repo_url(git.repo or "", settings.git_host)
+    except ValueError:
+        return None  # the checkout says what is wrong with the repository
+    answer = await granted(toolkit, msg)
+    candidates = [
+        c
+        for c in answer.connections.items.values()
+        if c.spec.type == "Git" and c.spec.git is not None and c.spec.git.url
+        if sourcing.prefixes(c.spec.git.url, url)
+    ]
+    if not candidates:
+        return None
+    conn = max(candidates, key=lambda c: len(c.spec.git.url or "") if c.spec.git else 0)
+    spec, name = conn.spec.git, conn.metadata.name or ""
+    assert spec is not None
+    if spec.token_ref is None:
+        return None  # a Connection for a public host: nothing to send
+    found = await _secret_map(answer.secrets, msg.namespace, connection_secrets(conn))
+    try:
+        token = secret_value(found, spec.token_ref, f"Connection {name!r} tokenRef")
+    except ValueError as e:
+        raise PrepareError("Error", str(e)) from None
+    return GitCredential(
+        connection=name, url=spec.url or "", username=spec.username or sourcing.DEFAULT_USERNAME, token=token
+    )
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------

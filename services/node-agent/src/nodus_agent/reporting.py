@@ -28,6 +28,7 @@ from nodus_agent.outbox import Outbox
 from nodus_kit import measuring
 from nodus_kit.backingoff import Backoff
 from nodus_kit.messaging import publish
+from nodus_schema.attempts import MountRecord, SourceRecord
 from nodus_schema.messages import AttemptFinished, AttemptProgress, AttemptStarted
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,11 @@ class Reporter:
         *,
         started_ms: int | None = None,
         program_ms: int | None = None,
+        source: SourceRecord | None = None,
+        mounts: list[MountRecord] | None = None,
     ) -> None:
-        """AttemptStarted: durable in the outbox on return (or acknowledged, without one)."""
+        """AttemptStarted: durable in the outbox on return (or acknowledged, without one). ``source`` and
+        ``mounts``: the commit or blob checked out and the Volume revisions mounted (ADR-0036)."""
         msg = AttemptStarted(
             namespace=namespace,
             attempt=attempt,
@@ -75,6 +79,8 @@ class Reporter:
             time=time,
             started_ms=started_ms,
             program_ms=program_ms,
+            source=source,
+            mounts=list(mounts or []),
         )
         await self._send(msg, f"{namespace}/{attempt}:started", tries=8)
         measuring.AGENT_ATTEMPTS_STARTED.inc()

@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nodus_agent.checkpointing import delete_checkpoints
 from nodus_kit import messaging
 from nodus_schema.noding import MAX_FOLDERS, JobFolder, RetentionReply, RetentionRequest, retention_subject
+from nodus_schema.volumes import STORE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,11 @@ async def run(client: Any, bucket: str, ask: RetentionAsker, every_s: float = EV
 
 
 async def _job_folders(client: Any, bucket: str) -> AsyncIterator[tuple[str, str]]:
-    """(namespace, job folder) of every ``<ns>/<folder>/`` in the bucket, one level at a time."""
+    """(namespace, job folder) of every ``<ns>/<folder>/`` in the bucket, one level at a time. Nodus's own
+    ``_nodus/`` (blobs, Workspaces: ADR-0036) is no namespace: a blob's folder must never pass for a Job's."""
     async for namespace in _prefixes(client, bucket, ""):
+        if f"{namespace}/" == STORE_PREFIX:
+            continue
         async for folder in _prefixes(client, bucket, namespace + "/"):
             yield namespace, folder
 

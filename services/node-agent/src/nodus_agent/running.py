@@ -1,13 +1,14 @@
 """The attempt runner: StartAttempt and StopAttempt in, a program on a runtime and reports out.
 
 An attempt goes through: its directory and record; :mod:`nodus_agent.preparing` (secret values, inputs
-under /nodus/inputs, the index's latest checkpoint restored into /nodus/state); the program started on
-the agent's runtime (:mod:`nodus_agent.runtimes`: a local process or a container); watching it
-(throughput reports, its log shipped to the bus, its deadline, checkpoints at the policy's interval and
-before a stop that asks for one); and, on success, its outputs committed to S3 and loaded into their
-sinks (:mod:`nodus_agent.committing`). Each step's failure names the reason it is reported with: the
-customer's (Error, OOMKilled: counted against backoffLimit) or the infrastructure's (Lost: a new Attempt
-elsewhere, counted against recovery.maxAttempts).
+under /nodus/inputs, Volume mounts, the checkout of spec.source, the index's latest checkpoint restored
+into /nodus/state); the program started on the agent's runtime (:mod:`nodus_agent.runtimes`: a local
+process or a container); watching it (throughput reports, its log shipped to the bus, its deadline,
+checkpoints at the policy's interval and before a stop that asks for one); and, on success, its outputs
+committed to S3 and loaded into their sinks (:mod:`nodus_agent.committing`) and its writable Volume
+mounts made their Volumes' next revisions. Each step's failure names the reason it is reported with: the
+customer's (Error, OOMKilled: counted against backoffLimit; SourceUnavailable: its code cannot be
+fetched) or the infrastructure's (Lost: a new Attempt elsewhere, counted against recovery.maxAttempts).
 
 Every assignment may arrive twice and the agent may be killed at any line, so the runner decides from
 its record on disk (:mod:`nodus_agent.attemptdir`), never from the message alone:
@@ -42,10 +43,11 @@ from typing import Any
 
 import msgspec
 
-from nodus_agent import attemptdir, committing, envcontract, preparing
+from nodus_agent import attemptdir, committing, envcontract, mounting, preparing
 from nodus_agent.attemptdir import FINISHED, RUNNING, STARTING, AttemptDir, Record
 from nodus_agent.keyedlocks import KeyedLocks
 from nodus_agent.logshipping import Redactor
+from nodus_agent.mountplan import MountPlan
 from nodus_agent.preparing import PrepareError, Toolkit
 from nodus_agent.reporting import Reporter
 from nodus_agent.runtimes import Exit, Launch, LaunchError, ProcessRuntime, Running, Runtime
@@ -62,7 +64,7 @@ from nodus_agent.throughput import ReportTail, format_rate
 from nodus_kit import tracing
 from nodus_kit.errors import PermanentError
 from nodus_kit.messaging import Delivery
-from nodus_schema.attempts import CheckpointRecord, OutputRecord
+from nodus_schema.attempts import CheckpointRecord, MountRecord, OutputRecord, SourceRecord
 from nodus_schema.messages import (
     Assignment,
     AttemptCheckpointed,
@@ -104,6 +106,8 @@ def finished(
     outputs: list[OutputRecord] | None = None,
     restored_from: CheckpointRecord | None = None,
     mean_rate: Decimal | None = None,
+    source: SourceRecord | None = None,
+    mounts: list[MountRecord] | None = None,
 ) -> Record:
     """The record of a finished run, carrying the AttemptFinished report to send (not yet reported)."""
     report = AttemptFinished(
@@ -122,6 +126,8 @@ def finished(
         started_ms=record.started_epoch_ms,
         # Taken after the program is gone (released, outputs committed): billing stops here.
         stopped_ms=epoch_ms(),
+        source=source,
+        mounts=list(mounts or []),
     )
     return msgspec.structs.replace(
         record, phase=FINISHED, finished=report.time, exit_code=exit_code, report=report, reported=False
@@ -350,9 +356,12 @@ class Runner:
                 pending, preparing.prepare(self.toolkit, self.settings, msg, adir)
             )
         except PrepareError as e:
-            await self._finish(adir, record, e.reason, None, _ms_since(began), e.message)
+            # SourceUnavailable says what was tried (the repository and ref, or the blob).
+            await self._finish(adir, record, e.reason, None, _ms_since(began), e.message, source=e.source)
             return
         if prepared is None or pending.stopped is not None:  # nothing ran: nothing to checkpoint
+            if prepared is not None:
+                mounting.release(prepared.plan)
             await self._finish(adir, record, "Stopped", None, _ms_since(began), pending.stopped)
             return
         env = envcontract.build_env(msg, adir, self.settings, paths=self.runtime.paths(adir))
@@ -364,10 +373,12 @@ class Runner:
             env=env,
             working_dir=msg.working_dir,
             secret_files=prepared.secret_dirs,
+            plan=prepared.plan,
         )
         try:
             running = await self.runtime.launch(launch)
         except LaunchError as e:
+            mounting.release(prepared.plan)
             await self._finish(adir, record, e.reason, None, _ms_since(began), e.message, prepared=prepared)
             return
         record = self.runtime.remember(
@@ -424,6 +435,8 @@ class Runner:
                         started,
                         started_ms=run.record.started_epoch_ms,
                         program_ms=run.record.launched_epoch_ms,
+                        source=run.prepared.plan.source,
+                        mounts=run.prepared.plan.records,
                     )
                 except Exception as e:  # the program runs on; its finish report still goes out
                     log.error("AttemptStarted not sent: %s", e, extra={"attempt": run.msg.attempt})
@@ -445,6 +458,10 @@ class Runner:
                     outputs = await committing.commit(self.toolkit, run.msg, run.dir)
                 except committing.CommitError as e:
                     reason, message = e.reason, e.message
+            if reason == "Completed" and run.prepared.plan.writable:
+                failed = await preparing.commit_mounts(self.toolkit, run.msg, run.prepared.plan)
+                if failed is not None:
+                    reason, message = failed
             await self._finish(
                 run.dir,
                 run.record,
@@ -460,6 +477,7 @@ class Runner:
         except Exception:
             log.exception("supervising the attempt failed", extra={"attempt": run.msg.attempt})
         finally:
+            mounting.release(run.prepared.plan)  # its cached Volume revisions may be evicted now
             self.runs.pop((run.msg.namespace, run.msg.attempt), None)
             if self.toolkit.grants is not None:
                 self.toolkit.grants.forget(run.msg.namespace, run.msg.attempt)
@@ -582,15 +600,18 @@ class Runner:
             began = time.monotonic() - max(0, epoch_ms() - (record.started_epoch_ms or epoch_ms())) / 1000
             log.info("re-adopted a running attempt", extra={"attempt": adir.attempt, "id": running.ident})
             prepared = await preparing.for_adoption(self.toolkit, known)
+            prepared.plan = adir.load_plan() or MountPlan()  # what its finish commits and reports
+            await preparing.retain_mounts(self.toolkit, prepared.plan)
             run = self._watch_run(known, adir, record, running, began, prepared, adopted=True)
             if stop is not None:  # acknowledged by an agent killed before it carried it out
                 _stop_run(run, stop)
             return
         wall = max(epoch_ms() - record.started_epoch_ms if record.started_epoch_ms else 0, 0)
+        mounted = preparing.Prepared(plan=adir.load_plan() or MountPlan())  # reported with the finish
         if stop is not None:  # gone, but it was asked to stop: that is what it did, not lost capacity
-            await self._finish(adir, record, "Stopped", None, wall, asked_to_stop(stop))
+            await self._finish(adir, record, "Stopped", None, wall, asked_to_stop(stop), prepared=mounted)
         else:
-            await self._finish(adir, record, "Lost", None, wall, AGENT_RESTARTED)
+            await self._finish(adir, record, "Lost", None, wall, AGENT_RESTARTED, prepared=mounted)
 
     async def _finish(
         self,
@@ -605,7 +626,9 @@ class Runner:
         prepared: preparing.Prepared | None = None,
         outputs: list[OutputRecord] | None = None,
         mean_rate: Decimal | None = None,
+        source: SourceRecord | None = None,
     ) -> None:
+        plan = prepared.plan if prepared is not None else None
         record = finished(
             record,
             adir.namespace,
@@ -619,6 +642,8 @@ class Runner:
             outputs=outputs,
             restored_from=prepared.restored if prepared is not None else None,
             mean_rate=mean_rate,
+            source=source or (plan.source if plan is not None else None),
+            mounts=plan.records if plan is not None else None,
         )
         adir.save(record)  # first the record, then the report: a crash in between re-sends at start
         log.info(

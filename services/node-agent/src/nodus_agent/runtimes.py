@@ -9,9 +9,14 @@ program on this host, and how to find it again after the agent restarts:
   host, only the node's GPUs (``CUDA_VISIBLE_DEVICES``). It enforces no CPU or memory limit (that takes
   cgroups: use the docker runtime where a Job's limits must hold). An agent that restarts cannot wait
   for a process that is not its child, so it stops it and reports the attempt Lost.
+  It has no mount namespace either, so a mount (ADR-0036) is a symbolic link: one under
+  ``/nodus/inputs`` at ``$NODUS_INPUTS/<rest>``, any other at ``$NODUS_MOUNTS/<path without its leading
+  />`` (``NODUS_MOUNTS`` is ``<attempt dir>/mounts``). The checkout of ``spec.source`` is ``NODUS_SRC``
+  and the program's working directory unless ``workingDir`` says otherwise (an absolute one at or
+  around a mount's path is taken under ``NODUS_MOUNTS``).
 * ``docker`` (:mod:`nodus_agent.containers`): a container through the Docker Engine API, the attempt
-  directories mounted at ``/nodus/...``; a restarted agent re-adopts the running container and reports
-  its real exit code.
+  directories mounted at ``/nodus/...`` and each mount of the plan bound at its path; a restarted agent
+  re-adopts the running container and reports its real exit code.
 * ``simulate`` is the simulated fleet's (:mod:`nodus_agent.simulating`), which has no programs at all.
 """
 
@@ -20,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import posixpath
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +36,10 @@ import msgspec
 
 from nodus_agent import processes
 from nodus_agent.attemptdir import AttemptDir, Record
+from nodus_agent.mountplan import Mount, MountPlan
 from nodus_schema.messages import StartAttempt
+
+INPUTS_PATH = "/nodus/inputs"
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,8 @@ class Launch:
     working_dir: str | None
     secret_files: dict[str, Path] = field(default_factory=dict)
     """Secret name -> the directory holding one file per key (mounted at /nodus/secrets/<name>)."""
+    plan: MountPlan = field(default_factory=MountPlan)
+    """The checkout of spec.source and the Volume mounts (ADR-0036), and the working directory they imply."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +162,12 @@ class ProcessRuntime:
             )
         if not launch.argv:
             raise LaunchError("Error", "spec.command is empty: the process runtime needs a command")
-        cwd = self.cwd / launch.working_dir if launch.working_dir else self.cwd
-        env = launch.env
+        try:
+            links = await asyncio.to_thread(link_mounts, launch.dir, launch.plan)
+        except (OSError, ValueError) as e:
+            raise LaunchError("Lost", f"could not link the mounts into {launch.dir.root}: {e}") from None
+        cwd = self._cwd(launch, links)
+        env = {**launch.env, **mount_env(launch.dir, launch.plan, links)}
         if self.gpu_ids is not None:
             # The GPUs the node offers, by UUID (stable where indexes are not: CUDA may order them by
             # speed); "" hides every GPU from a node that offers none.
@@ -163,6 +179,19 @@ class ProcessRuntime:
             # backoffLimit as Kubernetes counts a container that fails to start.
             raise LaunchError("Error", f"could not start {launch.argv[0]!r}: {e}") from None
         return _Process(proc)
+
+    def _cwd(self, launch: Launch, links: dict[str, Path]) -> Path:
+        """``workingDir`` (relative to the runtime's folder, or an absolute path on the host), unless it is
+        at or around a mount's path: then where that is linked. Without one, the checkout if any."""
+        wanted = launch.working_dir
+        if wanted is None:
+            return launch.plan.source_host or self.cwd
+        if wanted.startswith("/"):
+            clean = posixpath.normpath(wanted)
+            for target in links:
+                if clean == target or clean.startswith(target + "/") or target.startswith(clean + "/"):
+                    return launch.dir.mounts / clean.lstrip("/")
+        return self.cwd / wanted
 
     def remember(self, record: Record, running: Running) -> Record:
         assert isinstance(running, _Process)
@@ -194,6 +223,49 @@ class ProcessRuntime:
         if record.pid is not None:
             await processes.terminate_pid(record.pid, record.pid_start_ticks, grace_s)
         return None
+
+
+def link_path(adir: AttemptDir, target: str) -> Path:
+    """Where the process runtime links a mount of ``target``: under the attempt's inputs for
+    ``/nodus/inputs/...``, else under its ``mounts/`` folder; ValueError for a path that climbs."""
+    clean = posixpath.normpath(target)
+    if not clean.startswith("/") or clean == "/" or ".." in clean.split("/") or clean != target.rstrip("/"):
+        raise ValueError(f"mount path {target!r} must be absolute and normalised")
+    if clean.startswith(INPUTS_PATH + "/"):
+        return adir.inputs.joinpath(*clean[len(INPUTS_PATH) + 1 :].split("/"))
+    return adir.mounts.joinpath(*clean.lstrip("/").split("/"))
+
+
+def link_mounts(adir: AttemptDir, plan: MountPlan) -> dict[str, Path]:
+    """A link per mount (blocking; again from scratch for a relaunch): program path -> the link."""
+    links: dict[str, Path] = {}
+    for mount in plan.mounts:
+        link = link_path(adir, mount.target)
+        _link(link, mount)
+        links[posixpath.normpath(mount.target)] = link
+    return links
+
+
+def _link(link: Path, mount: Mount) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.is_file():
+        link.unlink()
+    elif link.is_dir():
+        # An empty mount point (the docker runtime's kind) gives way; anything else is data to keep.
+        if any(link.iterdir()):
+            raise ValueError(f"{link} exists and is not empty: it cannot stand for the mount {mount.target}")
+        shutil.rmtree(link)
+    link.symlink_to(mount.host, target_is_directory=True)
+
+
+def mount_env(adir: AttemptDir, plan: MountPlan, links: dict[str, Path]) -> dict[str, str]:
+    """``NODUS_MOUNTS`` when some mount lies outside /nodus/inputs, ``NODUS_SRC`` with a checkout."""
+    env: dict[str, str] = {}
+    if any(link.is_relative_to(adir.mounts) for link in links.values()):
+        env["NODUS_MOUNTS"] = str(adir.mounts)
+    if plan.source_host is not None:
+        env["NODUS_SRC"] = str(plan.source_host)
+    return env
 
 
 def _replace(record: Record, **changes: object) -> Record:

@@ -27,6 +27,8 @@ from nodus_agent.reporting import Reporter
 from nodus_agent.running import Runner
 from nodus_agent.runtimes import ProcessRuntime, Runtime
 from nodus_agent.settings import AgentSettings
+from nodus_agent.volumecache import CACHE_DIR, VolumeCache
+from nodus_agent.volumecommit import Committer
 from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Check, Service, Settings
@@ -117,6 +119,8 @@ class AgentService(Service):
             from nodus_agent import s3  # aiobotocore is slow to import: only where a store is set
 
             client = await self._exits.enter_async_context(s3.client(store))
+        # One cache per process: it alone counts the disk budget, and it finishes what a killed agent left.
+        cache = await asyncio.to_thread(VolumeCache, self.agent.workdir / CACHE_DIR, self.agent.cache_bytes)
         return Toolkit(
             nc=self.bus,
             grants=Grants(self.bus, self.agent.node),
@@ -128,6 +132,8 @@ class AgentService(Service):
                 parallel=self.agent.input_parallel,
             ),
             interruptible=self.agent.interruptible,
+            cache=cache,
+            committer=Committer(self.bus, self.agent.node),
         )
 
     async def _runtime(self, inventory: Inventory, toolkit: Toolkit) -> Runtime:

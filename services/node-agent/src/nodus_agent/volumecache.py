@@ -48,6 +48,9 @@ __all__ = ["BUDGET_SETTING", "CacheLease", "MountError", "VolumeCache"]
 log = logging.getLogger(__name__)
 
 BUDGET_SETTING: Final = "NODUS_AGENT_CACHE_BYTES"
+CACHE_DIR: Final = "_cache"
+"""The cache's folder in the agent's work directory: beside the ``<namespace>/`` folders of attempts, and,
+like ``_outbox``, a name no project can have."""
 """The agent's setting of the cache's budget: what an error tells the operator to raise."""
 _HEX_LEN: Final = 64
 
