@@ -123,7 +123,9 @@ def probes(keys: dict[str, str]) -> list[Probe]:
             # gateway alone (the subject names who asks).
             P("pub", f"nodus.rpc.node.{n}.secrets", f"ask-node:{n}"),
             P("pub", f"nodus.rpc.node.{n}.retention", f"ask-node:{n}"),
+            P("pub", f"nodus.rpc.node.{n}.commit", f"ask-node:{n}"),
             P("sub", f"nodus.rpc.node.{n}.secrets", "serve:node", "tap:nodus"),
+            P("sub", f"nodus.rpc.node.{n}.commit", "serve:node", "tap:nodus"),
             P("sub", f"nodus.assign.{n}", "tap:nodus"),
             P("sub", f"nodus.report.{n}.>", "tap:nodus"),
         ]
@@ -189,7 +191,18 @@ def _reader(*buckets: str) -> set[str]:
     )
 
 
-GATEWAY_WRITES = ("sweeps", "jobs", "secrets", "connections", "budgets", "tokens", "projects")
+GATEWAY_WRITES = (
+    "sweeps",
+    "jobs",
+    "secrets",
+    "connections",
+    "budgets",
+    "tokens",
+    "projects",
+    "volumes",
+    "workspaces",
+    "blobs",
+)
 OPERATOR_BUCKETS = tuple(b for b in BUCKETS if b not in ("secrets", "tokens"))
 OPERATOR_STREAMS = tuple(s for s in STREAMS if s != "NODUS_ASSIGNMENTS")
 BILLING_RPC = (QUOTE_SUBJECT, HOLD_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT)

@@ -20,6 +20,8 @@ from nodus_cli import (
     patching,
     sweepresults,
     tailing,
+    volumes,
+    workspaces,
 )
 from nodus_cli.client import BadCA, Client, Unreachable
 from nodus_cli.config import Config, load
@@ -36,6 +38,10 @@ examples:
   nodus offers --gpu H100 --region us --max-rate 3
   nodus estimate -f sweep.yaml
   nodus apply -f sweep.yaml --wait
+  nodus apply -f job.yaml --source-dir .
+  nodus volume push imagenet ./data/imagenet
+  nodus workspace push home ./notes --to notes
+  nodus workspace pull home notes --to ./notes
   nodus get sweeps -o wide
   nodus get jobs -w
   nodus get sweep lr-sweep --watch
@@ -94,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait",
         action="store_true",
         help="then wait for each Sweep and Job to finish, showing its progress (exit 1 if one fails)",
+    )
+    p.add_argument(
+        "--source-dir",
+        metavar="DIR",
+        help="pack DIR and upload it as the code of every Job and Sweep without a source of its own "
+        "(spec.source.dir in a manifest does this for one object)",
     )
 
     kinds = ", ".join(k.plural for k in KINDS)
@@ -160,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timestamps", action="store_true", help="start each line with its time")
 
     _sweep_commands(sub, common)
+    _data_commands(sub, common)
     _billing_commands(sub, common)
     _config_commands(sub, common)
     tailing.add_parser(sub)
@@ -207,6 +220,49 @@ def _sweep_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
 
 
+def _data_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("volume", parents=[common], help="Volumes: push a folder as a new revision, list")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser(
+        "push", parents=[common], help="pack DIR and make it the Volume's next revision (created if missing)"
+    )
+    a.add_argument("name", metavar="NAME")
+    a.add_argument("dir", metavar="DIR")
+    a = actions.add_parser("ls", parents=[common], help="list the Volumes (as `nodus get volumes`)")
+    a.add_argument("-o", "--output", choices=("table", "wide"), default="table")
+
+    p = sub.add_parser("workspace", parents=[common], help="a Workspace's files: push, pull, ls")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    a = actions.add_parser(
+        "push", parents=[common], help="send a file, or a folder's files, into the home (created if missing)"
+    )
+    a.add_argument("name", metavar="NAME")
+    a.add_argument("path", metavar="PATH", help="a local file or folder")
+    a.add_argument("--to", default="", metavar="DIR", help="the folder in the home (default: its top)")
+    a = actions.add_parser("pull", parents=[common], help="copy a file or folder of the home here")
+    a.add_argument("name", metavar="NAME")
+    a.add_argument("path", metavar="PATH", help='a file or folder in the home ("/" for all of it)')
+    a.add_argument("--to", default=".", metavar="LOCAL", help="the local folder (default: .)")
+    a = actions.add_parser("ls", parents=[common], help="list the files under a folder of the home")
+    a.add_argument("name", metavar="NAME")
+    a.add_argument("path", metavar="PATH", nargs="?", default="")
+
+
+def _dispatch_data(args: argparse.Namespace, client: Client, config: Config) -> int | None:
+    """The Volume and Workspace commands' exit code; None for any other command."""
+    if args.command == "volume":
+        if args.action == "push":
+            return volumes.push(client, config, args.name, args.dir)
+        return volumes.ls(client, config, output=args.output)
+    if args.command == "workspace":
+        if args.action == "push":
+            return workspaces.push(client, config, args.name, args.path, to=args.to)
+        if args.action == "pull":
+            return workspaces.pull(client, config, args.name, args.path, to=args.to)
+        return workspaces.ls(client, config, args.name, args.path)
+    return None
+
+
 def _billing_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("account", parents=[common], help="show the credits of a project")
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
@@ -238,14 +294,18 @@ def _billing_commands(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def _dispatch(args: argparse.Namespace, client: Client, api: Requests, config: Config) -> int:
     if args.command == "apply":
-        return commands.apply(client, config, args.filename, wait=args.wait, api=api)
+        return commands.apply(
+            client, config, args.filename, wait=args.wait, api=api, source_dir=args.source_dir
+        )
     if args.command == "estimate":
         return estimating.estimate(api, config, args.filename, output=args.output)
     if args.command == "offers":
         return _offers(args, api, config)
-    billing = _dispatch_billing(args, client, config)
-    if billing is not None:
-        return billing
+    done = _dispatch_billing(args, client, config)
+    if done is None:
+        done = _dispatch_data(args, client, config)
+    if done is not None:
+        return done
     if args.command == "sweep":
         return sweepresults.results(
             client,

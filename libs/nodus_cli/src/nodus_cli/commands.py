@@ -15,12 +15,32 @@ import yaml
 from nodus_cli import exiting, manifests, printing, waiting, watching
 from nodus_cli.client import ApiError, Client
 from nodus_cli.config import Config
-from nodus_cli.describing import describe_budget, describe_job, describe_sweep
-from nodus_cli.kinds import BUDGET, COMPUTE_KINDS, JOB, KINDS, SWEEP, Kind, by_manifest_kind
+from nodus_cli.describing import (
+    describe_attempt,
+    describe_budget,
+    describe_job,
+    describe_sweep,
+    describe_volume,
+    describe_workspace,
+)
+from nodus_cli.kinds import (
+    ATTEMPT,
+    BUDGET,
+    COMPUTE_KINDS,
+    JOB,
+    KINDS,
+    SWEEP,
+    VOLUME,
+    WORKSPACE,
+    Kind,
+    by_manifest_kind,
+)
 from nodus_cli.reporting import status_text
 from nodus_cli.requesting import Requests
+from nodus_cli.sourcing import SourceDirs, SourceError
 from nodus_cli.tables import account_view, invoice_table, sweep_view, usage_table
 from nodus_schema import decode, to_builtins
+from nodus_schema.attempts import JOB_LABEL
 from nodus_schema.billing import Account, Invoice, UsageList
 from nodus_schema.defaulting import default_job, default_sweep
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
@@ -43,10 +63,13 @@ def _typed(kind: Kind, raw: dict[str, Any]) -> Any:
 
 
 DESCRIBE: Final[dict[str, Callable[[Any], str]]] = {
-    SWEEP.kind: describe_sweep,
-    JOB.kind: describe_job,
     BUDGET.kind: describe_budget,
+    ATTEMPT.kind: describe_attempt,
+    VOLUME.kind: describe_volume,
+    WORKSPACE.kind: describe_workspace,
 }
+ATTEMPTS_PER_SELECTOR: Final = 50
+"""Cell Jobs named in one ``nodus.dev/job in (...)`` selector when describe lists a Sweep's Attempts."""
 
 
 def _defaulted(kind: Kind, obj: Any) -> Any:
@@ -69,10 +92,18 @@ Applied = tuple[Kind, str, str, dict[str, Any] | None]
 
 
 def apply(
-    client: Client, config: Config, files: list[str], *, wait: bool = False, api: Requests | None = None
+    client: Client,
+    config: Config,
+    files: list[str],
+    *,
+    wait: bool = False,
+    api: Requests | None = None,
+    source_dir: str | None = None,
 ) -> int:
     """Create every object in the files; an existing one is "unchanged" when its spec is the same. With
-    ``wait`` (and ``api``), then wait for each Sweep and Job to finish, showing its progress."""
+    ``wait`` (and ``api``), then wait for each Sweep and Job to finish, showing its progress. A Job's or
+    Sweep's ``source.dir`` (or ``source_dir`` for those without a source) is packed and uploaded first,
+    and sent as ``source.blob`` (sourcing.py)."""
     docs: list[manifests.Document] = []
     for path in files:
         try:
@@ -82,8 +113,9 @@ def apply(
             return exiting.FAILED
     failed = 0
     applied: list[Applied] = []
+    sources = SourceDirs(client, config.server, source_dir)
     for doc in docs:
-        done = _apply_one(client, config, doc)
+        done = _apply_one(client, config, doc, sources)
         if done is None:
             failed += 1
         else:
@@ -97,7 +129,9 @@ def apply(
     return exiting.FAILED if failed else exiting.OK
 
 
-def _apply_one(client: Client, config: Config, doc: manifests.Document) -> Applied | None:
+def _apply_one(
+    client: Client, config: Config, doc: manifests.Document, sources: SourceDirs
+) -> Applied | None:
     kind = by_manifest_kind(doc.data.get("kind"))
     if kind is None:
         known = ", ".join(k.kind for k in KINDS if k.writable)
@@ -117,6 +151,14 @@ def _apply_one(client: Client, config: Config, doc: manifests.Document) -> Appli
             f'error: {doc.source}: the namespace in the file ("{meta["namespace"]}") does not match '
             f"-n {config.namespace}\nfix: drop one of them"
         )
+        return None
+    try:
+        doc = sources.resolve(kind, doc, namespace)
+    except SourceError as e:
+        _err(f"error: {doc.source}: {e}")
+        return None
+    except ApiError as e:
+        _err(status_text(e.status))
         return None
     try:
         created = client.create(kind.plural, namespace, doc.data)
@@ -287,10 +329,32 @@ def describe(api: Requests, config: Config, kind: Kind, name: str) -> int:
     except ApiError as e:
         _err(status_text(e.status))
         return exiting.FAILED
+    obj = _typed(kind, raw)
+    try:
+        if kind is JOB:
+            _out(describe_job(obj, _attempts_of(api, config.namespace, [name])))
+            return exiting.OK
+        if kind is SWEEP:
+            cells = [c.object or f"{name}-{c.index}" for c in obj.status.cells]
+            _out(describe_sweep(obj, _attempts_of(api, config.namespace, cells)))
+            return exiting.OK
+    except ApiError as e:
+        _err(status_text(e.status))
+        return exiting.FAILED
     view = DESCRIBE.get(kind.kind)
-    # Kinds without a view of their own (Nodes, Offerings, Attempts ...) print as YAML, the whole object.
-    _out(view(_typed(kind, raw)) if view else _dumped(raw, "yaml"))
+    # Kinds without a view of their own (Nodes, Offerings ...) print as YAML, the whole object.
+    _out(view(obj) if view else _dumped(raw, "yaml"))
     return exiting.OK
+
+
+def _attempts_of(api: Requests, namespace: str, jobs: list[str]) -> list[Any]:
+    """The Attempts of these Jobs (what each ran: its source and mounts), a few selectors' worth."""
+    found: list[Any] = []
+    for i in range(0, len(jobs), ATTEMPTS_PER_SELECTOR):
+        names = ",".join(jobs[i : i + ATTEMPTS_PER_SELECTOR])
+        raw = api.list(ATTEMPT, namespace, {"labelSelector": f"{JOB_LABEL} in ({names})"})
+        found += [_typed(ATTEMPT, item) for item in raw.get("items", [])]
+    return found
 
 
 def delete(api: Requests, config: Config, kind: Kind, name: str) -> int:

@@ -5,10 +5,25 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
-from nodus_cli.tables import NONE, age, best_lines, cell_table, cells_done, gpu_text, table, usd, wall
+from nodus_cli.tables import (
+    NONE,
+    age,
+    best_lines,
+    cell_table,
+    cells_done,
+    gpu_text,
+    short_commit,
+    short_digest,
+    size_text,
+    table,
+    usd,
+    wall,
+)
 from nodus_schema import Condition, Cost, Job, JobSpec, ObjectMeta, Sweep
+from nodus_schema.attempts import Attempt, MountRecord, SourceRecord
 from nodus_schema.billing import Budget
 from nodus_schema.validating import count_cells
+from nodus_schema.volumes import Volume, Workspace
 
 Field = tuple[str, str]
 
@@ -90,7 +105,116 @@ def _job_spec_fields(spec: JobSpec) -> list[Field]:
     ]
 
 
-def describe_sweep(sweep: Sweep) -> str:
+# -- code and data of Attempts (ADR-0036) --------------------------------------------------------------------
+def source_text(src: SourceRecord | None) -> str:
+    """``3f2a9c1b7d0e (main) https://github.com/acme/train.git``, or ``blob sha256:0123456789ab…``."""
+    if src is None:
+        return NONE
+    if src.blob:
+        return f"blob {short_digest(src.blob)}"
+    ref = f" ({src.ref})" if src.ref else ""
+    return f"{short_commit(src.commit) if src.commit else 'not checked out'}{ref} {src.repo or ''}".rstrip()
+
+
+def mount_text(m: MountRecord) -> str:
+    """``imagenet@3 at /data (read-only, cache hit, 1.2 GiB)``; a Workspace as ``workspace home at ...``."""
+    what = f"workspace {m.name}" if m.kind == "Workspace" else f"{m.name}@{m.revision or '?'}"
+    notes = ["read-only" if m.read_only else "writable"]
+    if m.cache_hit is not None:
+        notes.append("cache hit" if m.cache_hit else "cache miss")
+    if m.size_bytes is not None:
+        notes.append(size_text(m.size_bytes))
+    if m.committed_revision is not None:
+        notes.append(f"committed revision {m.committed_revision}")
+    return f"{what} at {m.mount_path or NONE} ({', '.join(notes)})"
+
+
+def _attempt_lines(attempts: Sequence[Attempt]) -> list[str]:
+    if not attempts:
+        return ["Attempts:  none yet"]
+    lines = ["Attempts:"]
+    for a in sorted(attempts, key=lambda a: (a.spec.index, a.spec.attempt, a.metadata.name or "")):
+        phase = f"{a.status.phase} ({a.status.reason})" if a.status.reason else a.status.phase
+        lines.append(f"  {a.metadata.name}  index {a.spec.index}  {phase}  node {a.spec.node or NONE}")
+        lines.append(f"    source:  {source_text(a.status.source)}")
+        lines += [f"    mount:   {mount_text(m)}" for m in a.status.mounts]
+    return lines
+
+
+def describe_attempt(a: Attempt) -> str:
+    spec, st = a.spec, a.status
+    lines = _meta("Attempt", a.metadata)
+    lines += _section(
+        "Spec",
+        [
+            ("Job", spec.job),
+            ("Index", str(spec.index)),
+            ("Attempt", str(spec.attempt)),
+            ("Node", spec.node or NONE),
+            ("Offering", spec.offering or NONE),
+            ("GPU", spec.gpu_variant or NONE),
+        ],
+    )
+    lines += _section(
+        "Status",
+        [
+            ("Phase", st.phase),
+            ("Reason", st.reason or NONE),
+            ("Message", st.message or NONE),
+            ("Exit Code", str(st.exit_code) if st.exit_code is not None else NONE),
+            ("Wall", wall(st.wall_millis // 1000) if st.wall_millis is not None else NONE),
+            ("Source", source_text(st.source)),
+            ("Source Time", f"{st.source.millis} ms" if st.source and st.source.millis is not None else NONE),
+        ],
+    )
+    lines += ["Mounts:", *(f"  {mount_text(m)}" for m in st.mounts)] if st.mounts else ["Mounts:  none"]
+    return "\n".join(lines)
+
+
+def describe_volume(v: Volume) -> str:
+    st = v.status
+    lines = _meta("Volume", v.metadata)
+    lines += _section("Spec", [("Description", v.spec.description or NONE)])
+    writer = f"{st.writer.job} (uid {st.writer.uid})" if st.writer else NONE
+    lines += _section("Status", [("Latest", str(st.latest) if st.latest else NONE), ("Writer", writer)])
+    if not st.revisions:
+        return "\n".join([*lines, "Revisions:  none yet (nodus volume push NAME DIR makes the first)"])
+    rows = [
+        [str(r.revision), short_digest(r.digest), size_text(r.size_bytes), r.creator, age(r.time)]
+        for r in st.revisions
+    ]
+    body = table(("REVISION", "DIGEST", "SIZE", "CREATOR", "AGE"), rows)
+    return "\n".join([*lines, "Revisions:", *("  " + line for line in body.splitlines())])
+
+
+def describe_workspace(w: Workspace) -> str:
+    st = w.status
+    lines = _meta("Workspace", w.metadata)
+    lines += _section("Spec", [("Description", w.spec.description or NONE)])
+    lines += _section(
+        "Status",
+        [("Files", str(st.files)), ("Size", size_text(st.size_bytes)), ("Updated", st.update_time or NONE)],
+    )
+    return "\n".join(lines)
+
+
+def cell_sources(attempts: Sequence[Attempt]) -> dict[str, str]:
+    """A cell Job's name to the code its latest Attempt ran (short commit or blob)."""
+    latest: dict[str, Attempt] = {}
+    for a in attempts:
+        seen = latest.get(a.spec.job)
+        if a.status.source and (seen is None or a.spec.attempt >= seen.spec.attempt):
+            latest[a.spec.job] = a
+    return {job: _short_source(a.status.source) for job, a in latest.items()}
+
+
+def _short_source(src: SourceRecord | None) -> str:
+    if src is None:
+        return NONE
+    return short_digest(src.blob) if src.blob else short_commit(src.commit)
+
+
+def describe_sweep(sweep: Sweep, attempts: Sequence[Attempt] | None = None) -> str:
     spec, status = sweep.spec, sweep.status
     matrix = spec.matrix
     dims = [f"gpu [{', '.join(gpu_text(g) for g in matrix.gpu)}]"] if matrix.gpu else []
@@ -124,12 +248,13 @@ def describe_sweep(sweep: Sweep) -> str:
         ],
     )
     lines += _conditions(status.conditions)
-    lines += ["Cells:", *("  " + line for line in cell_table(sweep).splitlines())]
+    sources = cell_sources(attempts or []) or None
+    lines += ["Cells:", *("  " + line for line in cell_table(sweep, sources).splitlines())]
     lines += ["  " + line for line in best_lines(sweep)]
     return "\n".join(lines)
 
 
-def describe_job(job: Job) -> str:
+def describe_job(job: Job, attempts: Sequence[Attempt] | None = None) -> str:
     st = job.status
     lines = _meta("Job", job.metadata)
     lines += _section("Spec", _job_spec_fields(job.spec))
@@ -152,6 +277,8 @@ def describe_job(job: Job) -> str:
         ],
     )
     lines += _conditions(st.conditions)
+    if attempts is not None:
+        lines += _attempt_lines(attempts)
     return "\n".join(lines)
 
 

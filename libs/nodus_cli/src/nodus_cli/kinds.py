@@ -16,6 +16,7 @@ from nodus_schema.billing import Budget
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
+from nodus_schema.volumes import Volume, Workspace
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,20 @@ NODE = Kind("Node", "node", "nodes", Node, ("no",), namespaced=False, watchable=
 OFFERING = Kind(
     "Offering", "offering", "offerings", Offering, ("of",), namespaced=False, watchable=False, writable=False
 )
-KINDS: tuple[Kind, ...] = (SWEEP, JOB, BUDGET, ATTEMPT, CONNECTION, SECRET, NODE, OFFERING)
+VOLUME = Kind("Volume", "volume", "volumes", Volume, ("vol",))
+WORKSPACE = Kind("Workspace", "workspace", "workspaces", Workspace, ("ws",))
+KINDS: tuple[Kind, ...] = (
+    SWEEP,
+    JOB,
+    BUDGET,
+    ATTEMPT,
+    CONNECTION,
+    SECRET,
+    NODE,
+    OFFERING,
+    VOLUME,
+    WORKSPACE,
+)
 COMPUTE_KINDS: tuple[Kind, ...] = (SWEEP, JOB)
 """The kinds with a spec to estimate and a run to wait for."""
 

@@ -37,6 +37,9 @@ class Document:
     source: str
     """``sweep.yaml#2``: the file and the document's position, for messages."""
     data: dict[str, Any]
+    base: Path = Path(".")
+    """The folder of the file (the working directory for stdin): what paths in it (``source.dir``) are
+    relative to."""
 
 
 def load(path: str) -> list[Document]:
@@ -47,6 +50,7 @@ def load(path: str) -> list[Document]:
     except OSError as e:
         raise ManifestError(f"cannot read {name}: {e.strerror or e}") from None
     raw = _parse(text, name, as_json=path.endswith(".json"))
+    base = Path(".") if path == "-" else Path(path).parent
     docs: list[Document] = []
     for i, doc in enumerate(raw, start=1):
         source = f"{name}#{i}" if len(raw) > 1 else name
@@ -57,9 +61,9 @@ def load(path: str) -> list[Document]:
             for j, item in enumerate(items):
                 if not isinstance(item, Mapping):
                     raise ManifestError(f"{source}: items[{j}] must be an object")
-                docs.append(Document(f"{source} items[{j}]", dict(item)))
+                docs.append(Document(f"{source} items[{j}]", dict(item), base))
         else:
-            docs.append(Document(source, dict(doc)))
+            docs.append(Document(source, dict(doc), base))
     if not docs:
         raise ManifestError(f"{name} holds no objects")
     return docs

@@ -14,8 +14,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from nodus_cli.kinds import ATTEMPT, BUDGET, CONNECTION, JOB, NODE, OFFERING, SECRET, SWEEP, Kind
-from nodus_cli.tables import NONE, age, cells_done, gpu_text, phase_text, spent, table, usd, wall
+from nodus_cli.kinds import (
+    ATTEMPT,
+    BUDGET,
+    CONNECTION,
+    JOB,
+    NODE,
+    OFFERING,
+    SECRET,
+    SWEEP,
+    VOLUME,
+    WORKSPACE,
+    Kind,
+)
+from nodus_cli.tables import (
+    NONE,
+    age,
+    cells_done,
+    gpu_text,
+    phase_text,
+    short_digest,
+    size_text,
+    spent,
+    table,
+    usd,
+    wall,
+)
 from nodus_schema import Job, Sweep
 from nodus_schema.attempts import Attempt
 from nodus_schema.billing import Budget
@@ -23,6 +47,7 @@ from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
 from nodus_schema.quantities import micros_to_usd
+from nodus_schema.volumes import Volume, revision_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +241,35 @@ def _secret_keys(s: Secret) -> str:
     return str(len(s.data))
 
 
+# -- Volumes and Workspaces (ADR-0036) -----------------------------------------------------------------------
+def _latest_size(v: Volume) -> str:
+    rev = revision_of(v, None)
+    return size_text(rev.size_bytes) if rev else NONE
+
+
+def _latest_digest(v: Volume) -> str:
+    rev = revision_of(v, None)
+    return short_digest(rev.digest) if rev else NONE
+
+
+VOLUME_COLUMNS: Final = (
+    NAME,
+    Column("LATEST", lambda v: str(v.status.latest) if v.status.latest is not None else NONE),
+    Column("SIZE", _latest_size),
+    Column("WRITER", lambda v: v.status.writer.job if v.status.writer else NONE),
+    AGE,
+    Column("REVISIONS", lambda v: str(len(v.status.revisions)), wide=True),
+    Column("DIGEST", _latest_digest, wide=True),
+)
+WORKSPACE_COLUMNS: Final = (
+    NAME,
+    Column("FILES", lambda w: str(w.status.files)),
+    Column("SIZE", lambda w: size_text(w.status.size_bytes)),
+    AGE,
+    Column("UPDATED", lambda w: age(w.status.update_time), wide=True),
+)
+
+
 COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     SWEEP.kind: SWEEP_COLUMNS,
     JOB.kind: JOB_COLUMNS,
@@ -225,6 +279,8 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     OFFERING.kind: OFFERING_COLUMNS,
     CONNECTION.kind: (NAME, Column("TYPE", _connection_type), AGE),
     SECRET.kind: (NAME, Column("TYPE", lambda s: s.type), Column("KEYS", _secret_keys), AGE),
+    VOLUME.kind: VOLUME_COLUMNS,
+    WORKSPACE.kind: WORKSPACE_COLUMNS,
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -62,6 +62,29 @@ def age(timestamp: str | None, now: datetime | None = None) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def size_text(size: int | None) -> str:
+    """Bytes as people read them: ``512 B``, ``1.5 KiB``, ``12.0 MiB``, ``3.2 GiB``."""
+    if size is None:
+        return NONE
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+def short_digest(digest: str | None) -> str:
+    """``sha256:0123456789ab…``: enough of a digest to tell blobs apart in a table."""
+    if not digest:
+        return NONE
+    return digest[:19] + "…" if len(digest) > 19 else digest
+
+
+def short_commit(commit: str | None) -> str:
+    return commit[:12] if commit else NONE
 
 
 def gpu_text(gpu: GPURequest | str | None) -> str:
@@ -145,12 +168,17 @@ def _job(sweep: Sweep, cell: SweepCell) -> str:
     return cell.object or f"{sweep.metadata.name}-{cell.index}"
 
 
-def cell_table(sweep: Sweep) -> str:
+def cell_table(sweep: Sweep, sources: Mapping[str, str] | None = None) -> str:
+    """The cells, one a row; with ``sources`` (a cell Job's name to the code its last Attempt ran), a
+    SOURCE column too."""
     cells = sweep.status.cells
     if not cells:
         _, total = cells_done(sweep)
         return f"no cells yet: the sweep controller has not started the {total} cell(s) of the matrix"
-    return table(CELL_HEADERS, [_cell_row(sweep, c) for c in cells])
+    if sources is None:
+        return table(CELL_HEADERS, [_cell_row(sweep, c) for c in cells])
+    rows = [[*_cell_row(sweep, c), sources.get(_job(sweep, c), NONE)] for c in cells]
+    return table((*CELL_HEADERS, "SOURCE"), rows)
 
 
 def sweep_view(sweep: Sweep) -> str:

@@ -110,6 +110,13 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket("offerings", "Offering objects: the published price book (owner: scheduler)"),
     Bucket("tokens", "Bearer tokens by id: the hash of the secret and the roles (owner: api-gateway)"),
     Bucket("projects", "Projects: the namespaces objects live in (owner: api-gateway)"),
+    Bucket("volumes", "Volume objects: revisioned datasets, revisions in status (owner: api-gateway)"),
+    Bucket(
+        "workspaces", "Workspace objects: project homes; the files live in the S3 store (owner: api-gateway)"
+    ),
+    Bucket(
+        "blobs", "Records of uploaded blobs (tar.zst in the S3 store), key <ns>.<hex> (owner: api-gateway)"
+    ),
 )
 
 STREAMS: tuple[Stream, ...] = (

@@ -43,7 +43,7 @@ from nodus_kit import credentials, declaring
 from nodus_kit.connecting import connect
 from nodus_schema.billing import ACCOUNT_SUBJECT, FUNDING_BUCKET, GRANT_SUBJECT, HOLD_SUBJECT, USAGE_SUBJECT
 from nodus_schema.estimating import ESTIMATE_SUBJECT, QUOTE_SUBJECT
-from nodus_schema.noding import retention_subject, secrets_subject
+from nodus_schema.noding import commit_subject, retention_subject, secrets_subject
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,18 @@ BILLING_RPC: Final = (QUOTE_SUBJECT, HOLD_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJEC
 GATEWAY = Access(
     "the nodus.dev/v1 API: spec and metadata of user objects, auth, logs, estimates and accounts (asks); "
     "deletes Nodes (the cluster admin's)",
-    writes=("sweeps", "jobs", "secrets", "connections", "budgets", "tokens", "projects"),
+    writes=(
+        "sweeps",
+        "jobs",
+        "secrets",
+        "connections",
+        "budgets",
+        "tokens",
+        "projects",
+        "volumes",
+        "workspaces",
+        "blobs",
+    ),
     lists=(
         "sweeps",
         "jobs",
@@ -123,15 +134,18 @@ GATEWAY = Access(
         "projects",
         "nodes",
         "offerings",
+        "volumes",
+        "workspaces",
+        "blobs",
     ),
     # Nodes: the cluster admin's delete of a record its agent left behind (nodus_gateway.clusterrouting).
     # A delete is a write on the bus (a KV delete marker), so the right is the write of the Node keys.
     keys=(("nodes", "_.*"),),
     reads=(LOGS,),
     requests=(ESTIMATE_SUBJECT, QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT),
-    # The Node authorizer (nodus_gateway.noding): a run's Secrets and Connections for the node it is
-    # bound to, and retention verdicts; the node is the subject's fourth token.
-    serves=(secrets_subject("*"), retention_subject("*")),
+    # The Node authorizer (nodus_gateway.noding): a run's Secrets, Connections and Volume revisions for the
+    # node it is bound to, writable mounts' commits, and retention verdicts; the node is the fourth token.
+    serves=(secrets_subject("*"), commit_subject("*"), retention_subject("*")),
 )
 SWEEPS = Access(
     "cell Jobs of each Sweep, Sweep status, Sweep events",
@@ -187,7 +201,7 @@ def _agent(node: str) -> Access:
         keys=(("nodes", f"_.{node}"), ("leases", RETENTION_LEASE)),
         publishes=(f"nodus.report.{node}.>", f"nodus.logs.{node}.>"),
         durables=(Durable(ASSIGNMENTS, durable, f"nodus.assign.{node}"),),
-        requests=(secrets_subject(node), retention_subject(node)),
+        requests=(secrets_subject(node), commit_subject(node), retention_subject(node)),
     )
 
 

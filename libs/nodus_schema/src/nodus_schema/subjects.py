@@ -29,9 +29,17 @@ from nodus_schema.estimating import EstimateRequest, QuoteRequest
 from nodus_schema.jobs import Job
 from nodus_schema.messages import Assignment, LogLines, ObjectEvent, Report
 from nodus_schema.nodes import Node
-from nodus_schema.noding import RetentionRequest, RunSecretsRequest, retention_subject, secrets_subject
+from nodus_schema.noding import (
+    RetentionRequest,
+    RunSecretsRequest,
+    VolumeCommitRequest,
+    commit_subject,
+    retention_subject,
+    secrets_subject,
+)
 from nodus_schema.offerings import Offering
 from nodus_schema.sweeps import Sweep
+from nodus_schema.volumes import Blob, Volume, Workspace
 
 UNKNOWN: Final = "?"
 
@@ -76,6 +84,9 @@ KV_TYPES: Final[dict[str, tuple[str, Any]]] = {
     "offerings": ("Offering", Offering),
     "tokens": ("TokenRecord", None),
     "projects": ("Project", Project),
+    "volumes": ("Volume", Volume),
+    "workspaces": ("Workspace", Workspace),
+    "blobs": ("Blob", Blob),
 }
 """Bucket -> the type of its values (docs/bus.md, "KeyValue buckets")."""
 
@@ -124,6 +135,7 @@ SUBJECTS: Final[tuple[Subject, ...]] = (
     # Node agents' requests (nodus_schema.noding): the node's name is the fourth token.
     Subject(secrets_subject("*"), "RunSecretsRequest", RunSecretsRequest, None),
     Subject(retention_subject("*"), "RetentionRequest", RetentionRequest, None),
+    Subject(commit_subject("*"), "VolumeCommitRequest", VolumeCommitRequest, None),
 )
 
 

@@ -110,6 +110,9 @@ class Stack:
             if short == "gateway":
                 env["NODUS_GATEWAY_TLS_CERT"] = str(tls.cert)
                 env["NODUS_GATEWAY_TLS_KEY"] = str(tls.key)
+                if s3 is not None:
+                    # Blobs and Workspace files go into the agents' bucket, under _nodus/ (ADR-0036).
+                    env["NODUS_STORE_BUCKET"] = AGENT_BUCKET
             if short == "billing":
                 # Every local project starts with credits, as a trial account would (0 in production).
                 env.setdefault("NODUS_STARTING_CREDITS_USD", "1000")

@@ -13,11 +13,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from nodus_gateway import billingapi, logstreaming, querying
+from nodus_gateway import billingapi, logstreaming, querying, workspacefiles
 from nodus_gateway.admin import admin_router
 from nodus_gateway.auth import BearerAuth
 from nodus_gateway.authlimits import AuthFailureLimiter
 from nodus_gateway.billingapi import billing_router
+from nodus_gateway.blobbing import blob_router
 from nodus_gateway.clusterrouting import cluster_routers
 from nodus_gateway.config import MAX_BODY_BYTES
 from nodus_gateway.discovery import discovery_router
@@ -31,9 +32,12 @@ from nodus_gateway.responding import ApiError, bus_unavailable, status_response
 from nodus_gateway.resultsapi import results_router
 from nodus_gateway.routing import API_PREFIX, api_routers
 from nodus_gateway.secreting import secret_router
+from nodus_gateway.storeaccess import StoreAccess
 from nodus_gateway.system import VERSION, system_router
 from nodus_gateway.tabling import TableResponses
+from nodus_gateway.volumeapi import volume_router
 from nodus_gateway.webview import WebView
+from nodus_gateway.workspacefiles import workspace_file_router
 from nodus_kit import errors as kit
 from nodus_schema import CauseType, FieldError, reason_for_code, status_for
 
@@ -50,7 +54,7 @@ NO_FASTAPI_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "lo
 
 # The query parameters and dependencies the direct lane reads (dispatching.Parameters).
 LANE_PARAMETERS: Final = Parameters(
-    queries=(*querying.QUERIES, *logstreaming.QUERIES, *billingapi.QUERIES),
+    queries=(*querying.QUERIES, *logstreaming.QUERIES, *billingapi.QUERIES, *workspacefiles.QUERIES),
     dependencies=querying.DEPENDENCIES,
 )
 
@@ -63,10 +67,12 @@ def build_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     principals: Principals | None = None,
     auth_limiter: AuthFailureLimiter | None = None,
+    store: StoreAccess | None = None,
 ) -> FastAPI:
     """``principals`` holds minted tokens and projects; without it only the admin token is accepted and
     the projects and tokens endpoints are not served. ``auth_limiter`` counts failed authentications per
-    client (authlimits.py; default: its default limits, a new one per app)."""
+    client (authlimits.py; default: its default limits, a new one per app). ``store`` is Nodus's S3 store
+    of blobs and Workspace files (storeaccess.py); without it (or its bucket) those endpoints answer 503."""
     limiter = auth_limiter if auth_limiter is not None else AuthFailureLimiter()
     # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
     # Kubernetes' shape, which the full API serves with discovery.
@@ -78,7 +84,7 @@ def build_app(
         redoc_url=None,
         telemetry=NO_FASTAPI_TELEMETRY,
     )
-    routers = _routers(stores, ready=ready, max_body_bytes=max_body_bytes, principals=principals)
+    routers = _routers(stores, ready=ready, max_body_bytes=max_body_bytes, principals=principals, store=store)
     for router in routers:
         app.include_router(router)
     handlers = _error_handlers()
@@ -106,6 +112,7 @@ def _routers(
     ready: Callable[[], bool],
     max_body_bytes: int,
     principals: Principals | None,
+    store: StoreAccess | None = None,
 ) -> list[APIRouter]:
     """Every router of the app, in the order their routes are matched."""
     routers = [
@@ -121,6 +128,11 @@ def _routers(
         results_router(stores),
         # Billing's books, asked over the bus on the connection the stores use.
         billing_router(stores[resource("budgets").plural].nc, max_body_bytes=max_body_bytes),
+        # Code and data (ADR-0036): blobs, Volume revisions, Workspace files, and the deletes of Volumes
+        # and Workspaces, which must first ask whether a Job still uses them (before the generic delete).
+        blob_router(stores, store),
+        workspace_file_router(stores, store),
+        volume_router(stores, store, max_body_bytes=max_body_bytes),
         *api_routers(stores, max_body_bytes=max_body_bytes),
     ]
     if principals is not None:

@@ -14,23 +14,33 @@ and they come back into use within that pause. A dry run always asks (it exists 
 The scheduler also says when the spec names a GPU type, region class or offering its catalog does not know
 (``EstimateReply.invalid``): that is the spec's mistake, answered as a 422 Invalid on the fields (dry run
 and create alike, billing not asked), never as the 503 of a capacity question.
+
+The gateway adds one thing of its own (ADR-0036): the Volume revisions a run mounts are downloaded on a
+node that has not cached them, so their total size ÷ ``NODUS_ESTIMATE_DOWNLOAD_BPS`` (default 200 MB/s)
+is added to the cold startup band, and above :data:`LARGE_DOWNLOAD_BYTES` a ``LargeDownload`` warning says
+so. Admission pinned the revisions before the estimate is asked, so the sizes are those that will run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Final
 
+import msgspec
 from nats.aio.client import Client as NATS
 
-from nodus_gateway.resources import Resource
+from nodus_gateway.resources import Resource, resource
 from nodus_gateway.responding import ApiError, invalid
 from nodus_kit import errors as kit
 from nodus_kit import messaging
-from nodus_schema.costs import Estimate
+from nodus_kit.storing import ObjectStore
+from nodus_schema import Job, Sweep
+from nodus_schema.costs import DurationBand, Estimate, EstimateWarning, StartupEstimate
 from nodus_schema.estimating import (
     ESTIMATE_SUBJECT,
     QUOTE_SUBJECT,
@@ -39,6 +49,9 @@ from nodus_schema.estimating import (
     QuoteRequest,
 )
 from nodus_schema.fielding import CauseType, FieldError
+from nodus_schema.jobs import JobSpec
+from nodus_schema.quantities import format_duration, parse_duration
+from nodus_schema.volumes import Volume, revision_of
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +61,10 @@ UNANSWERED_PAUSE_S: Final = 1.0
 """After the services did not answer, how long real creates go on without asking."""
 COMPUTE_KINDS: Final = frozenset({"Job", "Sweep"})
 """The kinds that carry ``status.estimate``."""
+DEFAULT_DOWNLOAD_BPS: Final = 200_000_000
+"""Bytes per second a node downloads a Volume revision at (``NODUS_ESTIMATE_DOWNLOAD_BPS``)."""
+LARGE_DOWNLOAD_BYTES: Final = 10 * 1024**3
+"""Above this total (10 GiB) of Volume revisions, the estimate warns ``LargeDownload``."""
 
 
 def estimable(res: Resource) -> bool:
@@ -78,7 +95,84 @@ async def ask(nc: NATS, res: Resource, obj: Any, *, timeout: float | None = None
     quote = QuoteRequest(request=request, scheduled=scheduled)
     priced = await messaging.request(nc, QUOTE_SUBJECT, quote, EstimateReply, timeout=timeout)
     resume(nc)  # they answer: creates ask again at once
-    return priced.estimate
+    return with_downloads(priced.estimate, await download_bytes(nc, obj), res.kind)
+
+
+# -- Volume downloads (ADR-0036) ---------------------------------------------------------------------------
+_volume_stores: weakref.WeakKeyDictionary[NATS, ObjectStore[Volume]] = weakref.WeakKeyDictionary()
+
+
+def _volumes(nc: NATS) -> ObjectStore[Volume]:
+    store = _volume_stores.get(nc)
+    if store is None:
+        row = resource("volumes")
+        store = _volume_stores[nc] = ObjectStore(nc, row.bucket, Volume)
+    return store
+
+
+def _spec_of(obj: Any) -> JobSpec | None:
+    if isinstance(obj, Job):
+        return obj.spec
+    if isinstance(obj, Sweep):
+        return obj.spec.template.spec
+    return None
+
+
+async def download_bytes(nc: NATS, obj: Any) -> int:
+    """The total size of the Volume revisions a run of ``obj`` mounts: the pinned ones, and a writable
+    mount's latest (what it starts from). A Volume or revision that is not there counts 0."""
+    spec = _spec_of(obj)
+    if spec is None:
+        return 0
+    uses = {(m.volume, m.revision if m.read_only else None) for m in spec.volumes if m.volume}
+    uses |= {(i.volume.name, i.volume.revision) for i in spec.inputs if i.volume and i.volume.name}
+    total = 0
+    for name, number in sorted(uses, key=lambda u: (u[0], u[1] or 0)):
+        try:
+            vol = await _volumes(nc).get(obj.metadata.namespace, name)
+        except kit.NotFound:
+            continue
+        rev = revision_of(vol, number)
+        total += rev.size_bytes if rev is not None else 0
+    return total
+
+
+def download_bps(env: Any = None) -> int:
+    """NODUS_ESTIMATE_DOWNLOAD_BPS (a whole number of bytes per second; anything else is the default)."""
+    raw = (os.environ if env is None else env).get("NODUS_ESTIMATE_DOWNLOAD_BPS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_DOWNLOAD_BPS
+
+
+def with_downloads(estimate: Estimate, size: int, kind: str, bps: int | None = None) -> Estimate:
+    """``estimate`` with ``size`` bytes' download time added to the cold startup band (p50 and p90), and
+    the LargeDownload warning above :data:`LARGE_DOWNLOAD_BYTES`. Exact: whole microseconds, rounded up."""
+    if size <= 0:
+        return estimate
+    rate = bps if bps is not None else download_bps()
+    extra = timedelta(microseconds=-(-size * 1_000_000 // rate))
+    startup = estimate.startup or StartupEstimate()
+    cold = startup.cold or DurationBand()
+    cold = DurationBand(p50=_plus(cold.p50, extra), p90=_plus(cold.p90, extra))
+    warnings = list(estimate.warnings)
+    if size > LARGE_DOWNLOAD_BYTES:
+        gib = f"{size / 1024**3:.1f}"  # for reading only: the band above is exact
+        message = (
+            f"this {kind} mounts {gib} GiB ({size} bytes) of Volume revisions: a node that has not cached "
+            f"them downloads them before the run starts, about {format_duration(extra)} at {rate} bytes/s "
+            "(included in the cold startup band)"
+        )
+        warnings.append(EstimateWarning(code="LargeDownload", message=message))
+    return msgspec.structs.replace(
+        estimate, startup=msgspec.structs.replace(startup, cold=cold), warnings=warnings
+    )
+
+
+def _plus(band: str | None, extra: timedelta) -> str:
+    try:
+        base = parse_duration(band) if band else timedelta(0)
+    except ValueError:
+        base = timedelta(0)
+    return format_duration(base + extra)
 
 
 def unknown_names(res: Resource, obj: Any, scheduled: EstimateReply) -> ApiError:

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import os
 import re
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -188,12 +189,14 @@ async def _run(url: str, ref: str | None, settings: GitSettings, auth: GitAuth |
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=_environment(settings, auth),
+        # A group of its own: git runs git-remote-https as a child, and a timeout ends both.
+        start_new_session=True,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), settings.timeout_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
         await proc.wait()
         return Listing(Outcome.UNREACHABLE, f"no answer within {settings.timeout_s:g} s")
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")

@@ -6,63 +6,77 @@ request subject names: the bus lets each agent publish only on its own ``nodus.r
 authorizer. An Attempt's Secrets and Connections are given only while that Attempt is bound to the asking
 node and not finished, and only those its Job names; anything else is NotFound (no answer says whether
 another project's Attempt or Secret exists). Every refusal is counted and logged once per node.
+
+Volumes (ADR-0036): the same answer grants the blob of each Volume revision the run mounts (the agent
+reads no Volume), and ``nodus.rpc.node.<node>.commit`` makes a writable mount's uploaded content the
+Volume's next revision, under the same checks plus: the Job mounts that Volume writable, holds its writer
+claim (referencing.py), and the blob is in the store with the size the agent says. A repeated commit (same
+Attempt, same digest) answers the revision it made.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.client import Client as NATS
 
+from nodus_gateway.blobbing import blob_exists, record_blob
+from nodus_gateway.referencing import writable
+from nodus_gateway.resources import Stores
+from nodus_gateway.storeaccess import StoreAccess, is_store_error
+from nodus_gateway.volumeapi import append_revision
 from nodus_kit import errors, messaging
 from nodus_kit.storing import ObjectStore
 from nodus_kit.vouching import Forgeries
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_UID_LABEL, Attempt
 from nodus_schema.configs import Connection, Secret
-from nodus_schema.jobs import Job
+from nodus_schema.jobs import Job, JobSpec
 from nodus_schema.noding import (
     MAX_FOLDERS,
     NODE_RPC_PREFIX,
+    GrantedRevision,
     RetentionReply,
     RetentionRequest,
     RunSecrets,
     RunSecretsRequest,
+    VolumeCommitReply,
+    VolumeCommitRequest,
+    commit_subject,
     connection_secrets,
     expired,
     needs,
     node_of_subject,
 )
+from nodus_schema.volumes import Volume, VolumeWriter, blob_key, revision_of
 
 log = logging.getLogger(__name__)
 
 QUEUE = "gateway-nodes"
 SECRETS_SUBJECT = f"{NODE_RPC_PREFIX}.*.secrets"
 RETENTION_SUBJECT = f"{NODE_RPC_PREFIX}.*.retention"
+COMMIT_SUBJECT = commit_subject("*")
+_RunRequest = RunSecretsRequest | VolumeCommitRequest
 
 
 class NodeAccess:
-    """The two answers; ``stores`` are the gateway's (by plural)."""
+    """The answers; ``stores`` are the gateway's (by plural), ``access`` its S3 store (commits HEAD the
+    uploaded blob there; without one, the blob's record must exist)."""
 
-    def __init__(self, stores: Mapping[str, ObjectStore[Any]]) -> None:
+    def __init__(self, stores: Stores, access: StoreAccess | None = None) -> None:
+        self.stores = stores
         self.attempts: ObjectStore[Attempt] = stores["attempts"]
         self.jobs: ObjectStore[Job] = stores["jobs"]
         self.secrets: ObjectStore[Secret] = stores["secrets"]
         self.connections: ObjectStore[Connection] = stores["connections"]
+        self.volumes: ObjectStore[Volume] = stores["volumes"]
+        self.access = access
         self.refused = Forgeries("gateway", "node-access")
 
     async def run_secrets(self, req: RunSecretsRequest, subject: str) -> RunSecrets:
         node = node_of_subject(subject) or ""
-        attempt = await self._bound(node, req)
-        try:
-            job = await self.jobs.get(req.namespace, attempt.spec.job)
-        except errors.NotFound:
-            raise self._refuse(node, req, "its Job is gone") from None
-        uid = attempt.metadata.labels.get(JOB_UID_LABEL)
-        if uid is not None and job.metadata.uid != uid:
-            raise self._refuse(node, req, "its Job was re-created")
+        job = await self._run(node, req, "the secrets")
         secret_names, connection_names = needs(job.spec)
         out = RunSecrets(job=job.metadata.name or "", job_uid=job.metadata.uid or "")
         for name in sorted(connection_names):
@@ -78,21 +92,103 @@ class NodeAccess:
                 out.secrets.append(await self.secrets.get(req.namespace, name))
             except errors.NotFound:
                 out.missing.append(f"Secret/{name}")
+        await self._grant_revisions(req.namespace, job.spec, out)
         return out
 
-    async def _bound(self, node: str, req: RunSecretsRequest) -> Attempt:
+    async def _grant_revisions(self, namespace: str, spec: JobSpec, out: RunSecrets) -> None:
+        """Each Volume revision the run mounts: the pinned one (admission pinned every read-only use), or
+        for a writable mount the latest (none and no digest for a Volume without revisions)."""
+        for name, number, writes in _volume_uses(spec):
+            try:
+                vol = await self.volumes.get(namespace, name)
+            except errors.NotFound:
+                vol = None
+            rev = revision_of(vol, None if writes else number) if vol is not None else None
+            if vol is None or (rev is None and not writes):
+                if f"Volume/{name}" not in out.missing:
+                    out.missing.append(f"Volume/{name}")
+            elif rev is None:
+                out.revisions.append(GrantedRevision(volume=name))
+            else:
+                out.revisions.append(
+                    GrantedRevision(
+                        volume=name, revision=rev.revision, digest=rev.digest, size_bytes=rev.size_bytes
+                    )
+                )
+
+    async def commit(self, req: VolumeCommitRequest, subject: str) -> VolumeCommitReply:
+        """A writable mount's uploaded content becomes the Volume's next revision (the same one again for
+        a repeated request): only for the claimant's unfinished Attempt on the asking node."""
+        node = node_of_subject(subject) or ""
+        what = f"a commit of Volume {req.volume!r}"
+        job = await self._run(node, req, what)
+        if req.volume not in writable(job.spec):
+            raise self._refuse(node, req, what, "its Job does not mount that Volume writable")
+        try:
+            vol = await self.volumes.get(req.namespace, req.volume)
+        except errors.NotFound:
+            raise self._refuse(node, req, what, "no such Volume") from None
+        me = VolumeWriter(job=job.metadata.name or "", uid=job.metadata.uid or "")
+        if vol.status.writer != me:
+            raise self._refuse(
+                node, req, what, f"its Job does not hold the writer claim ({vol.status.writer})"
+            )
+        for rev in vol.status.revisions:
+            if rev.attempt == req.attempt and rev.digest == req.digest:
+                return VolumeCommitReply(revision=rev.revision)  # a repeat: the answer it had
+        if not await self._uploaded(req):
+            raise self._refuse(
+                node, req, what, f"no blob {req.digest} of {req.size_bytes} bytes in the store"
+            )
+        creator = f"job:{me.job}"
+        await record_blob(self.stores, req.namespace, req.digest, req.size_bytes, creator)
+        rev = await append_revision(
+            self.stores, req.namespace, req.volume, req.digest, req.size_bytes, creator, attempt=req.attempt
+        )
+        return VolumeCommitReply(revision=rev.revision)
+
+    async def _uploaded(self, req: VolumeCommitRequest) -> bool:
+        """Whether the agent's upload is there, with the size it says: the store's object when the gateway
+        has a store, else the blob's record."""
+        try:
+            key = blob_key(req.namespace, req.digest)
+        except ValueError:
+            return False
+        if self.access is None or not self.access.settings.bucket:
+            blob = await blob_exists(self.stores, req.namespace, req.digest)
+            return blob is not None and blob.spec.size_bytes == req.size_bytes
+        try:
+            size = await self.access.head(key)
+        except Exception as e:
+            if is_store_error(e):
+                raise errors.Unavailable(
+                    f"the store did not answer a HEAD of the blob: {type(e).__name__}"
+                ) from None
+            raise
+        return size == req.size_bytes
+
+    async def _run(self, node: str, req: _RunRequest, what: str) -> Job:
+        """The Job of the request's Attempt, which must be bound to ``node``, unfinished, and of that Job
+        (not of an earlier one of the same name); else the refusal."""
         try:
             attempt = await self.attempts.get(req.namespace, req.attempt)
         except errors.NotFound:
-            raise self._refuse(node, req, "no such Attempt") from None
+            raise self._refuse(node, req, what, "no such Attempt") from None
         if not node or attempt.spec.node != node:
-            raise self._refuse(node, req, f"the Attempt is bound to {attempt.spec.node!r}")
+            raise self._refuse(node, req, what, f"the Attempt is bound to {attempt.spec.node!r}")
         if attempt.status.phase in ATTEMPT_TERMINAL:
-            raise self._refuse(node, req, f"the Attempt is {attempt.status.phase}")
-        return attempt
+            raise self._refuse(node, req, what, f"the Attempt is {attempt.status.phase}")
+        try:
+            job = await self.jobs.get(req.namespace, attempt.spec.job)
+        except errors.NotFound:
+            raise self._refuse(node, req, what, "its Job is gone") from None
+        uid = attempt.metadata.labels.get(JOB_UID_LABEL)
+        if uid is not None and job.metadata.uid != uid:
+            raise self._refuse(node, req, what, "its Job was re-created")
+        return job
 
-    def _refuse(self, node: str, req: RunSecretsRequest, why: str) -> errors.NotFound:
-        self.refused.count(node, f"asked for the secrets of {req.namespace}/{req.attempt}: {why}")
+    def _refuse(self, node: str, req: _RunRequest, what: str, why: str) -> errors.NotFound:
+        self.refused.count(node, f"asked for {what} of {req.namespace}/{req.attempt}: {why}")
         # One answer for every refusal: whether the Attempt exists elsewhere is not the asker's to know.
         return errors.NotFound(f"attempt {req.namespace}/{req.attempt} is not bound to node {node}")
 
@@ -110,12 +206,22 @@ class NodeAccess:
         return out
 
 
-async def serve_nodes(nc: NATS, stores: Mapping[str, ObjectStore[Any]]) -> list[Any]:
-    """Subscribe the two endpoints (a queue group: every gateway replica answers its share)."""
-    access = NodeAccess(stores)
+def _volume_uses(spec: JobSpec) -> list[tuple[str, int | None, bool]]:
+    """(Volume, revision, writable) of each mount and volume input, each use once."""
+    uses = [(m.volume, m.revision, not m.read_only) for m in spec.volumes if m.volume]
+    uses += [(i.volume.name, i.volume.revision, False) for i in spec.inputs if i.volume and i.volume.name]
+    return list(dict.fromkeys(uses))
+
+
+async def serve_nodes(nc: NATS, stores: Stores, store_access: StoreAccess | None = None) -> list[Any]:
+    """Subscribe the endpoints (a queue group: every gateway replica answers its share)."""
+    access = NodeAccess(stores, store_access)
     return [
         await messaging.serve_subject(
             nc, SECRETS_SUBJECT, RunSecretsRequest, access.run_secrets, queue=QUEUE, concurrency=16
+        ),
+        await messaging.serve_subject(
+            nc, COMMIT_SUBJECT, VolumeCommitRequest, access.commit, queue=QUEUE, concurrency=8
         ),
         await messaging.serve_subject(
             nc, RETENTION_SUBJECT, RetentionRequest, access.retention, queue=QUEUE, concurrency=4

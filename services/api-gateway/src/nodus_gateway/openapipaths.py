@@ -34,6 +34,7 @@ from nodus_gateway.openapischemas import (
 )
 from nodus_gateway.resources import Resource
 from nodus_schema import API_GROUP, list_kind
+from nodus_schema.volumes import Volume
 
 Ref = Callable[[str], Schema]
 """How an operation names a component schema: a $ref in the dialect of the document being built."""
@@ -358,15 +359,21 @@ def _resource_replies(
 
 
 def operations(app: FastAPI, c: Components, ref: Ref) -> list[Operation]:
-    """One operation per route and method the app serves (HEAD left out), with unique operation ids."""
+    """One operation per route and method the app serves (HEAD left out), with unique operation ids. A
+    route that an earlier one shadows (the same path and method: volumeapi.py's guarded deletes come
+    before the generic ones) is never reached, so it is not documented."""
     known = discovery.resources_by_plural()
     public = _public_paths()
     out: list[Operation] = []
     seen: set[str] = set()
+    served: set[tuple[str, str]] = set()
     for route in discovery.http_routes(app):
         path = _PATH_PARAM.sub(r"{\1}", getattr(route, "path_format", None) or route.path)
         shape = discovery.classify(path, known)
         for method in sorted(m for m in route.methods or () if m != "HEAD"):
+            if (path, method) in served:
+                continue
+            served.add((path, method))
             if shape is not None:
                 op = _resource_operation(route, path, method, shape, c, ref)
             else:
@@ -374,12 +381,95 @@ def operations(app: FastAPI, c: Components, ref: Ref) -> list[Operation]:
             media = _text_media(route)
             if media is not None and path not in _TEXT_PATHS:  # a route that answers text (a Job's log)
                 op.replies = {**op.replies, "200": {media: {"type": "string"}}}
+            _code_and_data(op, c, ref)
             op.operation_id = _unique(op.operation_id, seen)
             out.append(op)
     return out
 
 
 _TEXT_PATHS: Final = ("/healthz", "/livez", "/readyz")  # documented with their own schema above
+
+# -- code and data (ADR-0036): blobs, Volume revisions, Workspace files -----------------------------------
+OCTETS: Final = "application/octet-stream"
+_BLOB_REPLY: Final[Schema] = {
+    "description": "The blob: its digest and size in bytes.",
+    "type": "object",
+    "required": ["digest", "sizeBytes"],
+    "properties": {"digest": {"type": "string"}, "sizeBytes": {"type": "integer"}},
+}
+_BLOB_RECORD: Final[Schema] = {
+    "description": "The gateway's record of an uploaded blob (kind Blob): spec.sizeBytes, spec.creator, "
+    "status.lastUsedTime; the size is also in the X-Nodus-Size header (HEAD answers only that).",
+    "type": "object",
+}
+_REVISION_REQUEST: Final[Schema] = {
+    "description": "VolumeRevisionRequest: an uploaded blob of the project becomes the next revision.",
+    "type": "object",
+    "required": ["digest"],
+    "properties": {"digest": {"type": "string", "description": "sha256:<64 lower-case hex digits>"}},
+}
+_FILE_REPLY: Final[Schema] = {
+    "description": "The file written or deleted: its path in the home and its size in bytes.",
+    "type": "object",
+    "required": ["path", "sizeBytes"],
+    "properties": {"path": {"type": "string"}, "sizeBytes": {"type": "integer"}},
+}
+_FILE_LIST: Final[Schema] = {
+    "description": "Files of the home under prefix (a directory), one page; continue pages on.",
+    "type": "object",
+    "required": ["items"],
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["path", "sizeBytes", "lastModified"],
+                "properties": {
+                    "path": {"type": "string"},
+                    "sizeBytes": {"type": "integer"},
+                    "lastModified": {"type": "string"},
+                },
+            },
+        },
+        "continue": {"type": "string"},
+    },
+}
+_OCTET_BODY: Final = Body({"type": "string", "format": "binary"}, (OCTETS,))
+_CODE_AND_DATA_DOCS: Final = {
+    "prefix": "A directory of the home to list (all of it when left out).",
+    "path": "A file's path in the Workspace's home (no '..' segments).",
+}
+
+
+def _code_and_data(op: Operation, c: Components, ref: Ref) -> None:
+    """The replies and bodies of the routes of blobbing.py, volumeapi.py and workspacefiles.py, which
+    neither the generic resource shapes nor a view describe."""
+    prefix = f"{API_PREFIX}/namespaces/{{namespace}}/"
+    tail = op.path[len(prefix) :] if op.path.startswith(prefix) else ""
+    errors = _errors(False, ref)
+    key = (tail, op.method)
+    if key == ("blobs/{name}", "PUT"):
+        op.replies, op.body = {"200": {JSON: _BLOB_REPLY}, "201": {JSON: _BLOB_REPLY}, **errors}, _OCTET_BODY
+    elif key == ("blobs/{name}", "GET"):
+        op.replies = {"200": {JSON: _BLOB_RECORD}, **errors}
+    elif key == ("volumes/{name}/revisions", "POST"):
+        op.replies = {"201": {JSON: ref(c.names[Volume])}, **errors}
+        op.body = Body(_REVISION_REQUEST, (JSON,))
+        # A create of a revision, answered with the Volume (as a POST to a subresource is in Kubernetes).
+        op.operation_id = "create" + op.operation_id.removeprefix("post")
+        op.extensions.update({"x-kubernetes-action": "post", "x-nodus-response-kind": "Volume"})
+    elif key == ("workspaces/{name}/files", "GET"):
+        op.replies = {"200": {JSON: _FILE_LIST}, **errors}
+    elif key == ("workspaces/{name}/files/{path}", "PUT"):
+        op.replies, op.body = {"200": {JSON: _FILE_REPLY}, "201": {JSON: _FILE_REPLY}, **errors}, _OCTET_BODY
+    elif key == ("workspaces/{name}/files/{path}", "GET"):
+        op.replies = {"200": {OCTETS: {"type": "string", "format": "binary"}}, **errors}
+    elif key == ("workspaces/{name}/files/{path}", "DELETE"):
+        op.replies = {"200": {JSON: _FILE_REPLY}, **errors}
+    else:
+        return
+    for p in op.params:
+        p.description = p.description or _CODE_AND_DATA_DOCS.get(p.name, "")
 
 
 def _text_media(route: Any) -> str | None:

@@ -435,7 +435,7 @@ def kept_pins(new: Any, old: Any) -> Any:
     return with_spec(new, msgspec.structs.replace(spec, volumes=mounts, inputs=inputs))
 
 
-def _kept_input(inp: JobInput, pinned: dict[tuple[str | None, str | None], int | None]) -> JobInput:
+def _kept_input(inp: JobInput, pinned: dict[tuple[str | None, str | None], int]) -> JobInput:
     vol = inp.volume
     if vol is None or vol.revision is not None or (inp.name, vol.name) not in pinned:
         return inp

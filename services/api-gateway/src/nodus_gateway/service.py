@@ -13,6 +13,7 @@ from nodus_gateway.noding import serve_nodes
 from nodus_gateway.principals import Principals, cache_ttl_of, pepper_of
 from nodus_gateway.resources import stores_for
 from nodus_gateway.server import ApiServer
+from nodus_gateway.storeaccess import StoreAccess
 from nodus_kit.servicing import Check, Service, Settings
 
 log = logging.getLogger(__name__)
@@ -28,13 +29,16 @@ class GatewayService(Service):
         # Also before connecting, for the same reason: a bad NODUS_TOKEN_CACHE_TTL_S fails the start.
         self.token_pepper = pepper_of(settings.env, self.config.admin_token)
         self.token_cache_ttl_s = cache_ttl_of(settings.env)
+        # Nodus's own S3 store (blobs, Workspace files); its client is made on first use.
+        self.store = StoreAccess(self.config.store)
         self.server: ApiServer | None = None
         self.endpoints: list[Any] = []
 
     async def start(self) -> None:
         stores = stores_for(self.bus)
         # Node agents' requests first (the Node authorizer): an agent waits for them to run anything.
-        self.endpoints = await serve_nodes(self.bus, stores)
+        # The commit of a writable mount HEADs the agent's upload in the store (noding.py).
+        self.endpoints = await serve_nodes(self.bus, stores, self.store)
         app = build_app(
             stores,
             admin_token=self.config.admin_token,
@@ -44,6 +48,7 @@ class GatewayService(Service):
             auth_limiter=AuthFailureLimiter(
                 self.config.auth_failures, self.config.auth_window_s, self.config.auth_max_clients
             ),
+            store=self.store,
         )
         self.server = ApiServer(
             app,
@@ -54,7 +59,10 @@ class GatewayService(Service):
             trusted_proxies=self.config.trusted_proxies,
         )
         await self.server.start()
-        log.info("API listening", extra={"url": self.server.url, "tls": self.config.tls})
+        log.info(
+            "API listening",
+            extra={"url": self.server.url, "tls": self.config.tls, "store": self.config.store.bucket},
+        )
 
     async def stop(self) -> None:
         # Runs before the kit drains NATS, so requests in flight still reach the store.
@@ -63,6 +71,8 @@ class GatewayService(Service):
         for sub in self.endpoints:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await self.store.close()
 
     def checks(self) -> dict[str, Check]:
         checks = super().checks()

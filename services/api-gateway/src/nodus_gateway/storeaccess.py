@@ -80,7 +80,7 @@ def no_store() -> ApiError:
     )
 
 
-def store_failed(what: str, err: Exception) -> ApiError:
+def store_failed(what: str, err: BaseException) -> ApiError:
     """503 for a store that did not do what was asked (down, refused our keys): the caller retries. The
     SDK's message names the operation and the store's code, never a key."""
     return ApiError.of(

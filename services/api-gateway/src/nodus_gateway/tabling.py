@@ -230,6 +230,53 @@ def budget_month(obj: JSONObject, _: datetime) -> Cell:
     return month if isinstance(month, str) and month else NONE
 
 
+def human_bytes(n: int) -> str:
+    """``1536`` → ``1.5Ki``: binary units, three significant digits at most (what a SIZE column shows)."""
+    value, unit = float(n), ""
+    for next_unit in ("Ki", "Mi", "Gi", "Ti", "Pi"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, next_unit
+    if not unit:
+        return str(n)
+    return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+
+
+def _size(value: Any) -> Cell:
+    return human_bytes(value) if isinstance(value, int) and not isinstance(value, bool) else NONE
+
+
+def _latest_revision(obj: JSONObject) -> JSONObject | None:
+    revisions = _get(obj, "status", "revisions")
+    last = revisions[-1] if isinstance(revisions, list) and revisions else None
+    return last if isinstance(last, Mapping) else None
+
+
+def volume_latest(obj: JSONObject, _: datetime) -> Cell:
+    # None, as an integer column without a value is (kubectl prints <none>): no revision yet.
+    latest = _get(obj, "status", "latest")
+    return latest if isinstance(latest, int) and not isinstance(latest, bool) else None
+
+
+def volume_size(obj: JSONObject, _: datetime) -> Cell:
+    last = _latest_revision(obj)
+    return _size(last.get("sizeBytes")) if last is not None else NONE
+
+
+def volume_writer(obj: JSONObject, _: datetime) -> Cell:
+    job = _get(obj, "status", "writer", "job")
+    return f"job/{job}" if isinstance(job, str) and job else NONE
+
+
+def workspace_files(obj: JSONObject, _: datetime) -> Cell:
+    files = _get(obj, "status", "files")
+    return files if isinstance(files, int) and not isinstance(files, bool) else 0
+
+
+def workspace_size(obj: JSONObject, _: datetime) -> Cell:
+    return _size(_get(obj, "status", "sizeBytes") or 0)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Columns per kind
 # ---------------------------------------------------------------------------------------------------------
@@ -288,6 +335,23 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
             budget_used,
         ),
         Column("Month", "string", "The UTC month billing counted usedUSD for (status.month).", budget_month),
+        AGE,
+    ),
+    "Volume": (
+        NAME,
+        Column("Latest", "integer", "The newest revision's number (status.latest).", volume_latest),
+        Column(
+            "Size", "string", "The newest revision's archive size (what a cold mount downloads).", volume_size
+        ),
+        Column(
+            "Writer", "string", "The Job that may commit the next revision (status.writer).", volume_writer
+        ),
+        AGE,
+    ),
+    "Workspace": (
+        NAME,
+        Column("Files", "integer", "Files in the home (status.files).", workspace_files),
+        Column("Size", "string", "The home's size (status.sizeBytes).", workspace_size),
         AGE,
     ),
 }

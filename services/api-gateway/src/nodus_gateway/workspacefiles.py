@@ -54,6 +54,7 @@ MAX_KEY_BYTES: Final = 1024
 MAX_PAGE: Final = 1000
 """The most keys one ListObjectsV2 page answers (S3's own cap)."""
 READ_CHUNK: Final = 1024 * 1024
+OCTETS: Final = "application/octet-stream"
 
 PrefixQ = Annotated[str | None, Query()]
 QUERIES: Final[tuple[Any, ...]] = (PrefixQ,)

@@ -151,7 +151,7 @@ async def _mount_volume(
 ) -> None:
     name, target = vm.volume or "", _mount_path(vm)
     rev = _granted(granted, name, f"mounted at {target}")
-    if vm.read_only is False:
+    if not vm.read_only:  # unset is writable, as a Kubernetes volumeMount
         await _writable(ctx, msg, adir, name, target, rev, plan)
         return
     if vm.revision is not None and rev.revision != vm.revision:
