@@ -5,22 +5,30 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import httpx
+import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 from nats.aio.client import Client as NATS
 
 from nodus_gateway import estimating
 from nodus_gateway.app import build_app
+from nodus_gateway.gitrefs import GitSettings
 from nodus_gateway.resources import stores_for
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
 
+@pytest.fixture
+def git_settings() -> GitSettings:
+    """How the test gateway asks git hosts; a module with a git server overrides it."""
+    return GitSettings()
+
+
 @pytest_asyncio.fixture
-async def app(nc: NATS) -> FastAPI:
+async def app(nc: NATS, git_settings: GitSettings) -> FastAPI:
     # A new gateway: no pause left over from another test's unanswered estimate (estimating's notes).
     estimating.resume(nc)
-    return build_app(stores_for(nc), admin_token=ADMIN_TOKEN, ready=lambda: nc.is_connected)
+    return build_app(stores_for(nc), admin_token=ADMIN_TOKEN, ready=lambda: nc.is_connected, git=git_settings)
 
 
 @pytest_asyncio.fixture

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -21,9 +22,10 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from nodus_billing.quoting import serve_quotes
+from nodus_gateway.app import build_app
 from nodus_gateway.blobbing import blob_exists, record_blob
 from nodus_gateway.estimating import LARGE_DOWNLOAD_BYTES, download_bps
-from nodus_gateway.gitrefs import covers
+from nodus_gateway.gitrefs import GitSettings, covers
 from nodus_gateway.resources import stores_for
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.cataloging import load_catalog
@@ -33,6 +35,7 @@ from nodus_schema.meta import ObjectMeta, now_rfc3339
 from nodus_schema.quantities import parse_duration
 from nodus_schema.volumes import Volume, VolumeRevision, VolumeStatus, Workspace
 from nodus_testing.gitserver import GitServer
+from tests.gateway.conftest import ADMIN_TOKEN
 
 API = "/apis/nodus.dev/v1"
 DRY = {"dryRun": "All"}
@@ -373,11 +376,26 @@ async def test_an_existing_workspace_is_admitted(
 
 # -- git ----------------------------------------------------------------------------------------------------
 @pytest.fixture
-def git_host(git_server: GitServer, monkeypatch: pytest.MonkeyPatch) -> GitServer:
+def git_settings(git_server: GitServer) -> GitSettings:
     """The gateway resolves owner/name against the test git server and trusts its CA."""
-    monkeypatch.setenv("NODUS_GIT_HOST", git_server.base)
-    monkeypatch.setenv("NODUS_GATEWAY_GIT_CA_BUNDLE", str(git_server.ca))
+    return GitSettings(host=git_server.base, ca_bundle=str(git_server.ca))
+
+
+@pytest.fixture
+def git_host(git_server: GitServer) -> GitServer:
     return git_server
+
+
+@asynccontextmanager
+async def gateway_with(nc: NATS, settings: GitSettings) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of a gateway with other git settings than the module's."""
+    app = build_app(stores_for(nc), admin_token=ADMIN_TOKEN, git=settings)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://gateway",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    ) as client:
+        yield client
 
 
 def git_body(name: str, repo: str, ref: str | None = None, **spec: Any) -> dict[str, Any]:
@@ -473,22 +491,43 @@ async def test_a_wrong_token_is_never_quoted(
     assert base64.b64encode(f"x-access-token:{wrong}".encode()).decode() not in resp.text
 
 
-async def test_an_unreachable_host_is_said_at_the_repository(
-    api: httpx.AsyncClient, unique: str, endpoints: None, git_host: GitServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("NODUS_GIT_HOST", "https://127.0.0.1:9")  # nothing listens on the discard port
-    found = causes(await api.post(path(unique, "jobs"), json=git_body("j", f"acme/{unique}", "main")))
+async def test_an_unreachable_host_is_said_at_the_repository(nc: NATS, unique: str, endpoints: None) -> None:
+    unreachable = GitSettings(host="https://127.0.0.1:9")  # nothing listens on the discard port
+    async with gateway_with(nc, unreachable) as api:
+        found = causes(await api.post(path(unique, "jobs"), json=git_body("j", f"acme/{unique}", "main")))
     message = found["spec.source.git.repo"]["message"]
     assert "could not be reached" in message and "https://127.0.0.1:9/" in message
 
 
 async def test_a_host_that_does_not_answer_in_time_is_cut_off(
-    api: httpx.AsyncClient, unique: str, endpoints: None, git_host: GitServer, monkeypatch: pytest.MonkeyPatch
+    nc: NATS, unique: str, endpoints: None, git_host: GitServer, git_settings: GitSettings
 ) -> None:
-    monkeypatch.setenv("NODUS_GATEWAY_GIT_TIMEOUT_S", "0.001")
     git_host.create_repo(f"acme/{unique}", {"a": "1"})
-    found = causes(await api.post(path(unique, "jobs"), json=git_body("j", f"acme/{unique}", "main")))
+    async with gateway_with(nc, msgspec.structs.replace(git_settings, timeout_s=0.001)) as api:
+        found = causes(await api.post(path(unique, "jobs"), json=git_body("j", f"acme/{unique}", "main")))
     assert "no answer within 0.001 s" in found["spec.source.git.repo"]["message"]
+
+
+async def test_a_repository_on_a_host_not_allowed_is_refused_without_asking_it(
+    api: httpx.AsyncClient, unique: str, endpoints: None, git_host: GitServer
+) -> None:
+    """Admission runs git inside the cluster: a URL a user sends must not reach an internal address."""
+    for url in ("https://169.254.169.254/latest/meta-data.git", "https://localhost:9/x.git"):
+        before = len(git_host.requests)
+        found = causes(await api.post(path(unique, "jobs"), json=git_body("j", url, "main")))
+        message = found["spec.source.git.repo"]["message"]
+        assert "fetches code only from" in message and "NODUS_GIT_ALLOWED_HOSTS" in message
+        assert len(git_host.requests) == before
+
+
+def test_the_allowed_hosts_are_the_git_hosts_the_public_forges_or_a_list() -> None:
+    default = GitSettings(host="https://git.acme.io")
+    assert default.allows("https://git.acme.io/team/x.git") and default.allows("https://github.com/a/b")
+    assert not default.allows("https://10.0.0.7/a/b.git")
+    only = GitSettings(allowed_hosts=("git.internal:8443",))
+    assert only.allows("https://git.internal:8443/a.git") and only.allows("https://github.com/a/b")
+    assert not only.allows("https://gitlab.com/a/b")
+    assert GitSettings(allowed_hosts=("*",)).allows("https://10.0.0.7/a/b.git")
 
 
 def test_a_connection_url_covers_only_its_own_paths() -> None:

@@ -78,6 +78,9 @@ class BlobStatus(Wire):
     last_used_time: str | None = None
     """The last admission of a Job or Sweep that named it, or the revision it became (expiry counts from
     here)."""
+    uses: int = 0
+    """How often it was touched so: every touch is a new revision of the record, even within the second of
+    the last, which is what makes the reaper's compare-and-set see it (nodus_gateway.blobreaping)."""
 
 
 class Blob(Wire):

@@ -23,6 +23,7 @@ from nodus_gateway.clusterrouting import cluster_routers
 from nodus_gateway.config import MAX_BODY_BYTES
 from nodus_gateway.discovery import discovery_router
 from nodus_gateway.dispatching import DirectLane, ErrorHandler, Parameters, RouteTable
+from nodus_gateway.gitrefs import GitSettings
 from nodus_gateway.logstreaming import log_router
 from nodus_gateway.openapi import openapi_router
 from nodus_gateway.principals import Principals
@@ -68,11 +69,13 @@ def build_app(
     principals: Principals | None = None,
     auth_limiter: AuthFailureLimiter | None = None,
     store: StoreAccess | None = None,
+    git: GitSettings | None = None,
 ) -> FastAPI:
     """``principals`` holds minted tokens and projects; without it only the admin token is accepted and
     the projects and tokens endpoints are not served. ``auth_limiter`` counts failed authentications per
     client (authlimits.py; default: its default limits, a new one per app). ``store`` is Nodus's S3 store
-    of blobs and Workspace files (storeaccess.py); without it (or its bucket) those endpoints answer 503."""
+    of blobs and Workspace files (storeaccess.py); without it (or its bucket) those endpoints answer 503.
+    ``git``: how admission asks git hosts about spec.source.git (gitrefs.py; default: GitHub)."""
     limiter = auth_limiter if auth_limiter is not None else AuthFailureLimiter()
     # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
     # Kubernetes' shape, which the full API serves with discovery.
@@ -84,7 +87,14 @@ def build_app(
         redoc_url=None,
         telemetry=NO_FASTAPI_TELEMETRY,
     )
-    routers = _routers(stores, ready=ready, max_body_bytes=max_body_bytes, principals=principals, store=store)
+    routers = _routers(
+        stores,
+        ready=ready,
+        max_body_bytes=max_body_bytes,
+        principals=principals,
+        store=store,
+        git=git or GitSettings(),
+    )
     for router in routers:
         app.include_router(router)
     handlers = _error_handlers()
@@ -113,6 +123,7 @@ def _routers(
     max_body_bytes: int,
     principals: Principals | None,
     store: StoreAccess | None = None,
+    git: GitSettings | None = None,
 ) -> list[APIRouter]:
     """Every router of the app, in the order their routes are matched."""
     routers = [
@@ -133,7 +144,7 @@ def _routers(
         blob_router(stores, store),
         workspace_file_router(stores, store),
         volume_router(stores, store, max_body_bytes=max_body_bytes),
-        *api_routers(stores, max_body_bytes=max_body_bytes),
+        *api_routers(stores, max_body_bytes=max_body_bytes, git=git or GitSettings()),
     ]
     if principals is not None:
         routers.append(admin_router(principals, stores, max_body_bytes=max_body_bytes))

@@ -87,15 +87,20 @@ async def record_blob(stores: Stores, namespace: str, digest: str, size_bytes: i
     return created
 
 
-async def touch_blob(stores: Stores, namespace: str, digest: str) -> None:
-    """Set the record's lastUsedTime to now (expiry counts from there); nothing for a blob with no record."""
+async def touch_blob(stores: Stores, namespace: str, digest: str, *, strict: bool = False) -> None:
+    """Set the record's lastUsedTime to now (expiry counts from there). A blob with no record is left
+    alone, or with ``strict`` refused (NotFound): a use that must not proceed with a blob the reaper just
+    took (blobreaping.py says why a touch is what keeps it)."""
 
     def touched(blob: Blob) -> Blob:
-        status = msgspec.structs.replace(blob.status, last_used_time=now_rfc3339())
+        status = msgspec.structs.replace(blob.status, last_used_time=now_rfc3339(), uses=blob.status.uses + 1)
         return msgspec.structs.replace(blob, status=status)
 
-    with contextlib.suppress(kit.NotFound):
+    try:
         await stores[BLOBS].mutate(namespace, digest_hex(digest), touched)
+    except kit.NotFound:
+        if strict:
+            raise blob_not_found(namespace, digest) from None
 
 
 def blob_reply(digest: str, size_bytes: int) -> dict[str, Any]:

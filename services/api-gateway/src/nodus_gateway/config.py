@@ -6,9 +6,12 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
+
+import msgspec
 
 from nodus_gateway.authlimits import DEFAULT_FAILURES, DEFAULT_MAX_CLIENTS, DEFAULT_WINDOW_S
+from nodus_gateway.gitrefs import GitSettings
 from nodus_gateway.storeaccess import StoreSettings
 from nodus_kit.configuring import SettingError, read_settings
 
@@ -17,6 +20,9 @@ DEFAULT_PORT: Final = 8440
 MAX_BODY_BYTES: Final = 1 << 20
 """1 MiB: a Sweep with its whole template is a few KiB; anything near this is data that belongs in inputs.
 Kubernetes allows 3 MiB, but it also stores Secrets and ConfigMaps, which Nodus keeps elsewhere."""
+
+
+S = TypeVar("S", bound=msgspec.Struct)
 
 
 class ConfigError(Exception):
@@ -41,6 +47,8 @@ class GatewayConfig:
     """Addresses or CIDRs of proxies whose X-Forwarded-For names the client; none by default."""
     store: StoreSettings = field(default_factory=StoreSettings)
     """Nodus's own S3 store, for blobs and Workspace files (storeaccess.py)."""
+    git: GitSettings = field(default_factory=GitSettings)
+    """How admission asks git hosts about spec.source.git (gitrefs.py)."""
 
     @property
     def tls(self) -> bool:
@@ -51,8 +59,9 @@ class GatewayConfig:
         """NODUS_ADMIN_TOKEN (required), NODUS_GATEWAY_HOST, NODUS_GATEWAY_PORT, NODUS_GATEWAY_TLS_CERT
         with NODUS_GATEWAY_TLS_KEY (both or neither: HTTPS, or plain HTTP), and the limit on failed
         authentication: NODUS_GATEWAY_AUTH_FAILURES, NODUS_GATEWAY_AUTH_WINDOW_S,
-        NODUS_GATEWAY_AUTH_MAX_CLIENTS and NODUS_GATEWAY_TRUSTED_PROXIES (docs/tokens.md), and the store
-        of blobs and Workspace files (NODUS_STORE_BUCKET and the rest of storeaccess.StoreSettings)."""
+        NODUS_GATEWAY_AUTH_MAX_CLIENTS and NODUS_GATEWAY_TRUSTED_PROXIES (docs/tokens.md), the store
+        of blobs and Workspace files (NODUS_STORE_BUCKET and the rest of storeaccess.StoreSettings), and
+        the git hosts admission asks (NODUS_GIT_HOST and the rest of gitrefs.GitSettings)."""
         token = env.get("NODUS_ADMIN_TOKEN", "").strip()
         if not token:
             # Starting without a token would mean either refusing every call or accepting anyone's, and
@@ -80,13 +89,14 @@ class GatewayConfig:
             auth_window_s=_seconds(env, "NODUS_GATEWAY_AUTH_WINDOW_S", DEFAULT_WINDOW_S, 86_400.0),
             auth_max_clients=_int(env, "NODUS_GATEWAY_AUTH_MAX_CLIENTS", DEFAULT_MAX_CLIENTS, 1, 10_000_000),
             trusted_proxies=_trusted_proxies(env),
-            store=_store(env),
+            store=_read(StoreSettings, env),
+            git=_read(GitSettings, env),
         )
 
 
-def _store(env: Mapping[str, str]) -> StoreSettings:
+def _read(cls: type[S], env: Mapping[str, str]) -> S:
     try:
-        return read_settings(StoreSettings, env)
+        return read_settings(cls, env)
     except SettingError as e:
         raise ConfigError(str(e)) from None
 

@@ -23,10 +23,14 @@ import os
 import re
 import signal
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final
+from typing import Annotated, Final
+from urllib.parse import urlsplit
+
+import msgspec
+
+from nodus_kit.configuring import Env
 
 DEFAULT_GIT_HOST: Final = "https://github.com"
 DEFAULT_TIMEOUT_S: Final = 10.0
@@ -39,32 +43,60 @@ _CACHE_MAX: Final = 4096
 _STDERR_MAX: Final = 400
 
 
-@dataclass(frozen=True, slots=True)
-class GitSettings:
-    host: str = DEFAULT_GIT_HOST
-    """Where ``owner/name`` repositories live (``NODUS_GIT_HOST``, the agents' setting too)."""
-    ca_bundle: str | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    cache_s: float = DEFAULT_CACHE_S
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> GitSettings:
-        """NODUS_GIT_HOST, NODUS_GATEWAY_GIT_CA_BUNDLE, NODUS_GATEWAY_GIT_TIMEOUT_S, NODUS_GATEWAY_GIT_CACHE_S
-        (a bad number is the default: admission must not fail on the gateway's own setting)."""
-        return cls(
-            host=(env.get("NODUS_GIT_HOST", "").strip() or DEFAULT_GIT_HOST).rstrip("/"),
-            ca_bundle=env.get("NODUS_GATEWAY_GIT_CA_BUNDLE", "").strip() or None,
-            timeout_s=_positive(env.get("NODUS_GATEWAY_GIT_TIMEOUT_S"), DEFAULT_TIMEOUT_S),
-            cache_s=_positive(env.get("NODUS_GATEWAY_GIT_CACHE_S"), DEFAULT_CACHE_S, zero=True),
-        )
+PUBLIC_FORGES: Final = ("github.com", "gitlab.com", "bitbucket.org", "codeberg.org", "huggingface.co")
+"""The hosts an https:// repository may name when ``NODUS_GIT_ALLOWED_HOSTS`` is not set, besides the
+cluster's own git host."""
+ANY_HOST: Final = "*"
 
 
-def _positive(raw: str | None, default: float, *, zero: bool = False) -> float:
-    try:
-        value = float(raw) if raw and raw.strip() else default
-    except ValueError:
-        return default
-    return value if value > 0 or (zero and value == 0) else default
+def _https_base(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme != "https" or not parts.hostname or parts.username or parts.query or parts.fragment:
+        raise ValueError("give the https:// URL of a git host, such as https://github.com")
+    return text.rstrip("/")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("give a number of seconds above 0")
+    return value
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    hosts = tuple(h.strip().lower() for h in text.split(",") if h.strip())
+    for h in hosts:
+        if h != ANY_HOST and ("/" in h or "@" in h or " " in h):
+            raise ValueError(
+                f"{h!r} is not a host: give host names (host or host:port), comma-separated, or *"
+            )
+    return hosts
+
+
+class GitSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """Read once at the gateway's start (nodus_gateway.config), like every setting of a service."""
+
+    host: Annotated[str, Env("NODUS_GIT_HOST", parse=_https_base)] = DEFAULT_GIT_HOST
+    """Where ``owner/name`` repositories live (the agents' setting too)."""
+    ca_bundle: Annotated[str | None, Env("NODUS_GATEWAY_GIT_CA_BUNDLE")] = None
+    timeout_s: Annotated[float, Env("NODUS_GATEWAY_GIT_TIMEOUT_S", parse=_seconds)] = DEFAULT_TIMEOUT_S
+    cache_s: Annotated[float, Env("NODUS_GATEWAY_GIT_CACHE_S", unit="seconds")] = DEFAULT_CACHE_S
+    allowed_hosts: Annotated[tuple[str, ...], Env("NODUS_GIT_ALLOWED_HOSTS", parse=_hosts)] = ()
+    """The hosts (``host`` or ``host:port``) an https:// repository may name; empty: the git host's and
+    :data:`PUBLIC_FORGES`; ``*``: any. Admission runs git against the URL a user sends, from inside the
+    cluster: without a list anyone could make the gateway (and the agents) knock on internal addresses."""
+
+    def allows(self, url: str) -> bool:
+        """Whether admission may ask ``url``'s host (the cluster's own git host always)."""
+        if ANY_HOST in self.allowed_hosts:
+            return True
+        netloc = urlsplit(url).netloc.lower()
+        own = urlsplit(self.host).netloc.lower()
+        return netloc == own or netloc in (self.allowed_hosts or PUBLIC_FORGES)
+
+    def allowed(self) -> str:
+        """The allowed hosts, for a refusal's message."""
+        return ", ".join((urlsplit(self.host).netloc, *(self.allowed_hosts or PUBLIC_FORGES)))
 
 
 @dataclass(frozen=True, slots=True)

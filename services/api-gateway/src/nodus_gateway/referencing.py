@@ -36,7 +36,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import os
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -250,6 +249,14 @@ async def _git(
     if git.repo is None:
         return
     url = repo_url(git.repo, settings.host)
+    if not settings.allows(url):
+        check.add(
+            path.child("repo"),
+            CauseType.FORBIDDEN,
+            f"Forbidden: {git.repo!r}: this cluster fetches code only from {settings.allowed()}; use a "
+            "repository there, or ask the operator to add the host to NODUS_GIT_ALLOWED_HOSTS",
+        )
+        return
     auth = await git_auth(check.stores, check.namespace, connections, url)
     ref = git.ref
     listing = await REFS.ls_remote(url, None if ref is None or is_commit(ref) else ref, settings, auth)
@@ -351,19 +358,24 @@ async def _claim(stores: Stores, namespace: str, volume: str, me: VolumeWriter) 
 
 
 # -- blob use ------------------------------------------------------------------------------------------------
-async def _touch(stores: Stores, namespace: str, spec: JobSpec) -> None:
-    """Best effort: the source blob's lastUsedTime, when it is older than :data:`TOUCH_EVERY` (a Volume's
-    revisions keep their blobs by being listed)."""
+async def _touch(stores: Stores, namespace: str, spec: JobSpec, path: Path) -> list[FieldError]:
+    """The source blob's lastUsedTime, when it is older than :data:`TOUCH_EVERY` (a Volume's revisions keep
+    their blobs by being listed). Strict: a blob the reaper took between the check and now is refused
+    (blobreaping.py), so a Job is never admitted with code that is about to vanish."""
     from nodus_gateway.blobbing import blob_exists, touch_blob  # see _blob
 
     digest = spec.source.blob if spec.source is not None else None
     if digest is None:
-        return
-    with contextlib.suppress(kit.NodusError, ValueError):
-        blob = await blob_exists(stores, namespace, digest)
-        last = blob.status.last_used_time if blob is not None else None
-        if blob is not None and (last is None or _older(last, datetime.now(UTC) - TOUCH_EVERY)):
-            await touch_blob(stores, namespace, digest)
+        return []
+    blob = await blob_exists(stores, namespace, digest)
+    last = blob.status.last_used_time if blob is not None else None
+    if blob is None or last is None or _older(last, datetime.now(UTC) - TOUCH_EVERY):
+        try:
+            await touch_blob(stores, namespace, digest, strict=True)
+        except ApiError:
+            why = f"blob {digest} expired while this object was admitted: upload it again"
+            return [FieldError(str(path), CauseType.NOT_FOUND, why)]
+    return []
 
 
 def _older(stamp: str, than: datetime) -> bool:
@@ -375,11 +387,11 @@ def _older(stamp: str, than: datetime) -> bool:
 
 # -- the entry points ----------------------------------------------------------------------------------------
 async def resolve(
-    stores: Stores, settings: GitSettings | None, namespace: str, obj: Any, *, dry_run: bool = False
+    stores: Stores, settings: GitSettings, namespace: str, obj: Any, *, dry_run: bool = False
 ) -> Any:
     """``obj`` (an admitted Job or Sweep; anything else is returned as it is) with its Volume revisions
     pinned; raises 422 Invalid with every problem, or 409 Conflict for a Volume another Job writes.
-    ``settings``: None reads them from the environment. A dry run touches no blob record."""
+    ``settings``: how to ask git hosts. A dry run touches no blob record."""
     where = spec_at(obj)
     if where is None:
         return obj
@@ -388,10 +400,9 @@ async def resolve(
     git = spec.source.git if spec.source is not None else None
     git_check: Awaitable[None] | None = None
     if git is not None:
-        git_settings = settings if settings is not None else GitSettings.from_env(os.environ)
         # Started first: the ls-remote runs while the store is read.
         gp = path.child("source").child("git")
-        git_check = asyncio.ensure_future(_git(check, gp, git, spec.connections, git_settings))
+        git_check = asyncio.ensure_future(_git(check, gp, git, spec.connections, settings))
     try:
         if spec.source is not None and spec.source.blob is not None:
             await _blob(check, path.child("source").child("blob"), spec.source.blob)
@@ -406,7 +417,9 @@ async def resolve(
     if isinstance(obj, Job):
         await _check_writers(check, obj.metadata.name, spec)
     if not dry_run:
-        await _touch(stores, namespace, spec)
+        expired = await _touch(stores, namespace, spec, path.child("source").child("blob"))
+        if expired:
+            raise invalid(resource("jobs" if isinstance(obj, Job) else "sweeps"), name, expired)
     return with_spec(obj, msgspec.structs.replace(spec, volumes=mounts, inputs=inputs))
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from datetime import timedelta
 from typing import Any
 
 from nodus_gateway.app import build_app
 from nodus_gateway.authlimits import AuthFailureLimiter
+from nodus_gateway.blobreaping import BlobReaper
 from nodus_gateway.config import GatewayConfig
 from nodus_gateway.noding import serve_nodes
 from nodus_gateway.principals import Principals, cache_ttl_of, pepper_of
@@ -33,6 +36,7 @@ class GatewayService(Service):
         self.store = StoreAccess(self.config.store)
         self.server: ApiServer | None = None
         self.endpoints: list[Any] = []
+        self._reaping: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         stores = stores_for(self.bus)
@@ -49,6 +53,7 @@ class GatewayService(Service):
                 self.config.auth_failures, self.config.auth_window_s, self.config.auth_max_clients
             ),
             store=self.store,
+            git=self.config.git,
         )
         self.server = ApiServer(
             app,
@@ -59,6 +64,10 @@ class GatewayService(Service):
             trusted_proxies=self.config.trusted_proxies,
         )
         await self.server.start()
+        if self.config.store.bucket:
+            ttl = timedelta(seconds=self.config.store.blob_ttl_s)
+            reaper = BlobReaper(stores, self.store, ttl=ttl)
+            self._reaping = asyncio.create_task(reaper.run(), name="gateway:blob-expiry")
         log.info(
             "API listening",
             extra={"url": self.server.url, "tls": self.config.tls, "store": self.config.store.bucket},
@@ -66,6 +75,10 @@ class GatewayService(Service):
 
     async def stop(self) -> None:
         # Runs before the kit drains NATS, so requests in flight still reach the store.
+        if self._reaping is not None:
+            self._reaping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaping
         if self.server is not None:
             await self.server.stop()
         for sub in self.endpoints:

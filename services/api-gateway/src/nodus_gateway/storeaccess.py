@@ -28,7 +28,7 @@ import msgspec
 
 from nodus_gateway.responding import ApiError
 from nodus_kit.configuring import Env
-from nodus_schema.quantities import parse_bytes
+from nodus_schema.quantities import parse_bytes, parse_duration
 
 DEFAULT_MAX_BYTES: Final = 20 * 1024**3
 """20Gi: the default cap of one blob and of one Workspace file."""
@@ -38,6 +38,22 @@ NO_STORE_FIX: Final = (
     "NODUS_S3_ENDPOINT, NODUS_S3_ACCESS_KEY and NODUS_S3_SECRET_KEY on the gateway and restart it "
     "(the local stack sets them)."
 )
+
+
+DEFAULT_BLOB_TTL_S: Final = 7 * 86400.0
+MIN_BLOB_TTL_S: Final = 2 * 3600.0
+"""Above the hour between two touches of a blob in use (referencing.TOUCH_EVERY), with room to spare: a
+blob in use is never judged unused."""
+
+
+def _ttl(text: str) -> float:
+    try:
+        seconds = parse_duration(text).total_seconds()
+    except ValueError as e:
+        raise ValueError(f"give a duration such as 168h or 720h ({e})") from None
+    if seconds < MIN_BLOB_TTL_S:
+        raise ValueError("give at least 2h: a blob in use is touched only once an hour")
+    return seconds
 
 
 def _bytes(text: str) -> int:
@@ -62,6 +78,8 @@ class StoreSettings(msgspec.Struct, frozen=True, kw_only=True):
     workspace_file_max_bytes: Annotated[int, Env("NODUS_WORKSPACE_FILE_MAX_BYTES", parse=_bytes)] = (
         DEFAULT_MAX_BYTES
     )
+    blob_ttl_s: Annotated[float, Env("NODUS_BLOB_TTL", parse=_ttl)] = DEFAULT_BLOB_TTL_S
+    """How long a blob nothing refers to is kept after its last use (blobreaping.py)."""
 
     def __repr__(self) -> str:
         # Never the secret key: settings end up in log lines and tracebacks.

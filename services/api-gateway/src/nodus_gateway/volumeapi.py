@@ -107,9 +107,11 @@ async def _append(
         made.append(rev)
         return _appended(vol, rev)
 
+    # Touched first, strictly: a blob expiring at this moment is refused here rather than listed as a
+    # revision whose bytes are gone (blobreaping.py).
+    await touch_blob(stores, namespace, digest, strict=True)
     with store_errors(res, namespace, volume):
         vol: Volume = await stores[res.plural].mutate(namespace, volume, change)
-    await touch_blob(stores, namespace, digest)
     return vol, made[0]
 
 
