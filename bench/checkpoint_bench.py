@@ -61,7 +61,7 @@ def make_state(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def _cpu(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """CPU seconds used so far by this process (every thread) and by the SeaweedFS server ``pid``: on a
     machine shared with other work, the cost that wall-clock rates only hint at."""
     with open(f"/proc/{pid}/stat") as f:
@@ -160,13 +160,13 @@ async def _measure(
 
     take_s, raw_s, plain_s, take_cpu, raw_cpu = [], [], [], [], []
     for r in range(rounds):
-        cpu = _cpu(server_pid)
+        cpu = cpu_seconds(server_pid)
         raw_s.append(await raw_upload(client, bucket, f"raw-{r}", archive))
-        raw_cpu.append(_cpu(server_pid) - cpu)
-        began, cpu = time.perf_counter(), _cpu(server_pid)
+        raw_cpu.append(cpu_seconds(server_pid) - cpu)
+        began, cpu = time.perf_counter(), cpu_seconds(server_pid)
         info = await ck.take({STATE: state}, "Interval")
         take_s.append(time.perf_counter() - began)
-        take_cpu.append(_cpu(server_pid) - cpu)
+        take_cpu.append(cpu_seconds(server_pid) - cpu)
         plain_s.append(await raw_upload(client, bucket, f"plain-{r}", files))
     assert info.size_bytes == len(archive), "the checkpoint uploads the very bytes the baseline does"
 
