@@ -12,6 +12,7 @@ import os
 import tarfile
 from pathlib import Path
 
+import msgspec
 import pytest
 import zstandard
 from nats.aio.client import Client as NATS
@@ -123,6 +124,24 @@ async def test_read_only_mount_and_volume_input_share_one_download(
     assert plan.leases == []
 
 
+async def test_one_volume_at_two_revisions_mounts_each(store: Store, namespace: str, tmp_path: Path) -> None:
+    """A Job may read revision 1 at a mount and revision 2 as an input: grants are told apart by revision."""
+    one = await push(store, namespace, tree(tmp_path / "v1", {"x": b"1"}))
+    two = msgspec.structs.replace(
+        await push(store, namespace, tree(tmp_path / "v2", {"x": b"2"})), revision=2
+    )
+    msg = start(
+        namespace,
+        volumes=[VolumeMount(volume="data", mount_path="/data", read_only=True, revision=1)],
+        inputs=[JobInput(name="newer", volume=VolumeInput(name="data", revision=2))],
+    )
+    plan = MountPlan()
+    await prepare_mounts(context(store, tmp_path), msg, attempt_dir(tmp_path, namespace), [two, one], plan)
+    assert [(r.mount_path, r.revision) for r in plan.records] == [("/data", 1), ("/nodus/inputs/newer", 2)]
+    assert [(m.host / "x").read_bytes() for m in plan.mounts] == [b"1", b"2"]
+    release(plan)
+
+
 async def test_a_blob_that_is_not_its_digest_is_refused_and_not_cached(
     store: Store, namespace: str, tmp_path: Path
 ) -> None:
@@ -147,7 +166,7 @@ async def test_missing_blob_and_missing_grant_are_refused_naming_the_volume(
     with pytest.raises(MountError, match=r"revision 3: s3://.* is missing from the store") as e:
         await prepare_mounts(ctx, msg, attempt_dir(tmp_path, namespace), [gone], MountPlan())
     assert not e.value.retryable
-    with pytest.raises(MountError, match=r"Volume 'data' .*granted no revision of it") as e:
+    with pytest.raises(MountError, match=r"Volume 'data' .*granted no such revision") as e:
         await prepare_mounts(ctx, msg, attempt_dir(tmp_path, namespace), [], MountPlan())
     assert not e.value.retryable
     climbing = start(

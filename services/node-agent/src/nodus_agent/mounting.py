@@ -88,7 +88,7 @@ async def prepare_mounts(
     Raises :class:`MountError` naming the Volume, Workspace or input to fix; the leases taken before are
     released then. Idempotent for a repeated call on a new plan: writable copies and Workspace snapshots
     already made are kept (a restarted agent must not reset what a program wrote)."""
-    granted = {r.volume: r for r in revisions}
+    granted = list(revisions)
     try:
         for vm in msg.volumes:
             await _mount_volume(ctx, msg, adir, granted, vm, plan)
@@ -145,40 +145,33 @@ async def _mount_volume(
     ctx: MountContext,
     msg: StartAttempt,
     adir: AttemptDir,
-    granted: dict[str, GrantedRevision],
+    granted: list[GrantedRevision],
     vm: VolumeMount,
     plan: MountPlan,
 ) -> None:
     name, target = vm.volume or "", _mount_path(vm)
-    rev = _granted(granted, name, f"mounted at {target}")
     if not vm.read_only:  # unset is writable, as a Kubernetes volumeMount
+        rev = _granted(granted, name, None, f"mounted at {target}")
         await _writable(ctx, msg, adir, name, target, rev, plan)
         return
-    if vm.revision is not None and rev.revision != vm.revision:
-        raise MountError(
-            f"Volume {name!r}: the Job pins revision {vm.revision} but the grant is for revision "
-            f"{rev.revision}; delete and create the Job again to pin one revision",
-            retryable=False,
-        )
-    lease = await _acquire(ctx, msg.namespace, name, rev)
-    plan.leases.append(lease)
-    plan.mounts.append(Mount(host=lease.path, target=target, read_only=True))
-    plan.records.append(_record(name, target, rev, lease))
+    rev = _granted(granted, name, vm.revision, f"mounted at {target}")
+    await _mount_cached(ctx, msg, name, target, rev, plan)
 
 
 async def _volume_input(
-    ctx: MountContext, msg: StartAttempt, granted: dict[str, GrantedRevision], inp: JobInput, plan: MountPlan
+    ctx: MountContext, msg: StartAttempt, granted: list[GrantedRevision], inp: JobInput, plan: MountPlan
 ) -> None:
     assert inp.volume is not None
     input_name = _input_name(inp)
     name, target = inp.volume.name or "", container_path(input_name)
-    rev = _granted(granted, name, f"input {input_name!r}")
-    if inp.volume.revision is not None and rev.revision != inp.volume.revision:
-        raise MountError(
-            f"input {input_name!r}: the Job pins revision {inp.volume.revision} of Volume {name!r} but the "
-            f"grant is for revision {rev.revision}; delete and create the Job again",
-            retryable=False,
-        )
+    rev = _granted(granted, name, inp.volume.revision, f"input {input_name!r}")
+    await _mount_cached(ctx, msg, name, target, rev, plan)
+
+
+async def _mount_cached(
+    ctx: MountContext, msg: StartAttempt, name: str, target: str, rev: GrantedRevision, plan: MountPlan
+) -> None:
+    """A revision from the node's cache, read-only at ``target``, held until the run is over."""
     lease = await _acquire(ctx, msg.namespace, name, rev)
     plan.leases.append(lease)
     plan.mounts.append(Mount(host=lease.path, target=target, read_only=True))
@@ -259,17 +252,23 @@ async def _acquire(ctx: MountContext, namespace: str, volume: str, rev: GrantedR
         raise MountError(f"{what}: reading {uri} failed: {e}", retryable=True) from e
 
 
-def _granted(granted: dict[str, GrantedRevision], name: str, where: str) -> GrantedRevision:
+def _granted(granted: list[GrantedRevision], name: str, revision: int | None, where: str) -> GrantedRevision:
+    """The grant of Volume ``name`` at the pinned ``revision`` (admission pins every read-only one); for a
+    writable mount (None) the newest granted, which is the Volume's latest. One Job may read a Volume at
+    two revisions (a mount and an input), so the grants are told apart by revision, not by name alone."""
     if not valid_name(name):
         raise MountError(f"Volume {name!r} ({where}) is not a valid Volume name", retryable=False)
-    rev = granted.get(name)
-    if rev is None:
+    of_volume = [r for r in granted if r.volume == name]
+    if revision is not None:
+        of_volume = [r for r in of_volume if r.revision == revision]
+    if not of_volume:
+        pinned = f" revision {revision}" if revision is not None else ""
         raise MountError(
-            f"Volume {name!r} ({where}): the gateway granted no revision of it to this run; create the "
-            f"Volume in the Job's project and push a revision (nodus volume push {name} DIR)",
+            f"Volume {name!r}{pinned} ({where}): the gateway granted no such revision to this run; create "
+            f"the Volume in the Job's project and push a revision (nodus volume push {name} DIR)",
             retryable=False,
         )
-    return rev
+    return max(of_volume, key=lambda r: r.revision or 0)
 
 
 def _mount_path(vm: VolumeMount) -> str:
