@@ -173,6 +173,20 @@ async def test_apply_packs_source_dir_uploads_it_once_and_sends_the_blob(
     assert len(gateway.uploads.seen) == before + 1
 
 
+async def test_estimate_resolves_source_dir_as_apply_does(
+    nodus: Cli, gateway: Gateway, tmp_path: Path
+) -> None:
+    """The estimate is a dry-run create: its admission checks the blob, so the folder is uploaded first,
+    and `dir` never reaches the server (which would refuse it as an unknown field)."""
+    src = code_tree(tmp_path)
+    manifest = write(tmp_path, "job.yaml", JOB_YAML)
+    before = len(gateway.uploads.seen)
+    _, _, err = await nodus("estimate", "-f", str(manifest))
+    assert "unknown field" not in err and "spec.source.dir" not in err, err
+    assert f"{digest_of(src)[:19]}… (uploaded)" in err
+    assert len(gateway.uploads.seen) == before + 1
+
+
 async def test_apply_source_dir_flag_fills_every_object_without_a_source(
     nodus: Cli, gateway: Gateway, tmp_path: Path
 ) -> None:

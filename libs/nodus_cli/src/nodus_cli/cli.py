@@ -28,6 +28,7 @@ from nodus_cli.config import Config, load
 from nodus_cli.kinds import KINDS, UnknownKind, resolve
 from nodus_cli.reporting import unreachable_text
 from nodus_cli.requesting import PATCH_TYPES, Requests
+from nodus_cli.sourcing import SourceDirs
 from nodus_sdk import ConfigError
 
 GET_OUTPUTS = ("table", "wide", "json", "yaml", "name")
@@ -150,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-f", "--filename", action="append", required=True, metavar="FILE", help="a file, or -")
     p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
+    p.add_argument(
+        "--source-dir", metavar="DIR", help="as for apply: the code of Jobs and Sweeps without a source"
+    )
 
     p = sub.add_parser("offers", parents=[common], help="the GPU offerings: variants, rates, regions")
     p.add_argument("--gpu", metavar="GPU", help="a family (H100) or variant (H100-SXM-80G); H100:8 pins GPUs")
@@ -298,7 +302,8 @@ def _dispatch(args: argparse.Namespace, client: Client, api: Requests, config: C
             client, config, args.filename, wait=args.wait, api=api, source_dir=args.source_dir
         )
     if args.command == "estimate":
-        return estimating.estimate(api, config, args.filename, output=args.output)
+        sources = SourceDirs(client, config.server, args.source_dir)
+        return estimating.estimate(api, config, args.filename, output=args.output, sources=sources)
     if args.command == "offers":
         return _offers(args, api, config)
     done = _dispatch_billing(args, client, config)

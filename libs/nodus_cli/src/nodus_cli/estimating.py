@@ -29,6 +29,7 @@ from nodus_cli.config import Config
 from nodus_cli.kinds import COMPUTE_KINDS, by_manifest_kind
 from nodus_cli.reporting import status_text
 from nodus_cli.requesting import Requests
+from nodus_cli.sourcing import SourceDirs, SourceError
 from nodus_cli.tables import NONE
 from nodus_schema.costs import DurationBand, Estimate, USDBand
 
@@ -162,7 +163,11 @@ def _startup(e: Estimate) -> str:
     return f"cold {_durations(s.cold)}; warm {_durations(s.warm)}"
 
 
-def estimate(api: Requests, config: Config, files: list[str], *, output: str) -> int:
+def estimate(
+    api: Requests, config: Config, files: list[str], *, output: str, sources: SourceDirs | None = None
+) -> int:
+    """A dry-run create of each Job and Sweep of ``files``; ``sources`` resolves ``source.dir`` as apply
+    does (packed and uploaded: the estimate's admission checks the blob like a create's)."""
     try:
         docs = [doc for path in files for doc in manifests.load(path)]
     except manifests.ManifestError as e:
@@ -182,7 +187,13 @@ def estimate(api: Requests, config: Config, files: list[str], *, output: str) ->
         meta = doc.data.get("metadata") if isinstance(doc.data.get("metadata"), dict) else {}
         namespace = (meta or {}).get("namespace") or config.namespace
         try:
+            if sources is not None:
+                doc = sources.resolve(kind, doc, namespace)
             obj, etag = api.dry_run_create(kind, namespace, doc.data)
+        except SourceError as e:
+            print(f"error: {doc.source}: {e}", file=sys.stderr)
+            refused = True
+            continue
         except ApiError as e:
             print(f"{doc.source}:\n{status_text(e.status)}", file=sys.stderr)
             refused = True
