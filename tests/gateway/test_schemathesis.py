@@ -68,12 +68,14 @@ from nodus_gateway.app import build_app
 from nodus_gateway.principals import Principals
 from nodus_gateway.resources import stores_for
 from nodus_gateway.server import ApiServer
+from nodus_gateway.storeaccess import StoreAccess, StoreSettings
 from nodus_kit.storing import ObjectStore
 from nodus_schema import ObjectMeta
 from nodus_schema.attempts import Attempt, AttemptSpec
 from nodus_schema.catalog import Offering as CatalogOffering
 from nodus_schema.nodes import Node, NodeSpec
 from nodus_schema.offerings import Offering, offering_object
+from nodus_testing.seaweed import SeaweedS3
 
 pytestmark = pytest.mark.slow
 
@@ -462,12 +464,26 @@ async def test_the_checks_catch_what_they_are_for(nc: NATS) -> None:
 
 
 async def test_schemathesis_finds_no_server_error_and_no_response_off_the_schema(
-    nc: NATS, unique: str
+    nc: NATS, unique: str, seaweed: SeaweedS3
 ) -> None:
     estimating.resume(nc)
     principals = Principals(nc, pepper=b"schemathesis-pepper", cache_ttl_s=0.2)
+    # A real store: without one, the blob and file routes answer 503 to every well-formed request.
+    store = StoreAccess(
+        StoreSettings(
+            bucket=f"fuzz-{unique}",
+            endpoint=seaweed.endpoint_url,
+            access_key=seaweed.access_key,
+            secret_key=seaweed.secret_key,
+        )
+    )
+    await (await store.client()).create_bucket(Bucket=f"fuzz-{unique}")
     app = build_app(
-        stores_for(nc), admin_token=ADMIN_TOKEN, ready=lambda: nc.is_connected, principals=principals
+        stores_for(nc),
+        admin_token=ADMIN_TOKEN,
+        ready=lambda: nc.is_connected,
+        principals=principals,
+        store=store,
     )
     server = ApiServer(app, "127.0.0.1", 0)
     await server.start()
@@ -479,5 +495,6 @@ async def test_schemathesis_finds_no_server_error_and_no_response_off_the_schema
         operation_count = await asyncio.to_thread(run_all, run)
     finally:
         await server.stop()
+        await store.close()
     assert operation_count > 60 and run.calls > operation_count * EXAMPLES
     assert not run.failures, f"{len(run.failures)} failures:\n\n" + "\n\n".join(run.failures[:30])
