@@ -26,6 +26,8 @@ from nodus_schema.attempts import (
     AttemptSpec,
     AttemptStatus,
     CheckpointRecord,
+    MountRecord,
+    SourceRecord,
     attempt_name,
 )
 from nodus_schema.costs import Cost, CostSegments
@@ -88,6 +90,9 @@ def attempt(namespace: str, job: str, uid: str, n: int, status: AttemptStatus) -
     )
 
 
+COMMIT = "3f2a9c1b7d0e" + "5" * 28
+
+
 def ran(namespace: str, job: str, uid: str, log_dir: Path) -> Write:
     """What a run leaves: a lost first attempt (after checkpoint 3), a second one restored from it that
     succeeded, their log lines, and the Job's status with its cost by segment."""
@@ -115,6 +120,11 @@ def ran(namespace: str, job: str, uid: str, log_dir: Path) -> Write:
                     wall_millis=34_000,
                     units_per_second="420.5",
                     restored_from=CHECKPOINT,
+                    source=SourceRecord(repo="https://github.com/acme/train.git", ref="v1", commit=COMMIT),
+                    mounts=[
+                        MountRecord(name="imagenet", mount_path="/data", revision=3, cache_hit=True),
+                        MountRecord(name="home", kind="Workspace", mount_path="/nodus/inputs/vocab"),
+                    ],
                 ),
             )
         )
@@ -190,7 +200,10 @@ def test_the_jobs_list_and_a_job_page_with_attempts_checkpoints_costs_and_log(
         [first, "0", "1", "node-1", "h100-sxm-80g-x1-us", "Lost", "-", "1m01s"],
         [second, "0", "2", "node-2", "h100-sxm-80g-x1-us", "Succeeded", "0", "34s"],
     ]
-    assert attempts[1][9] == "checkpoint 3", "the second attempt was restored from checkpoint 3"
+    assert attempts[1][9] == f"{COMMIT[:12]} (v1)", "the commit the second attempt checked out"
+    assert attempts[1][10] == "imagenet@3 at /data, cached; workspace home at /nodus/inputs/vocab"
+    assert attempts[0][9:11] == ["-", "-"]
+    assert attempts[1][11] == "checkpoint 3", "the second attempt was restored from checkpoint 3"
     assert rows(browser, "#checkpoints") == [
         [first, "3", "2025-01-02T03:04:05Z", "5.0 MiB", "Interval", "yes", "s3://ckpt/train/3.tar.zst"]
     ]

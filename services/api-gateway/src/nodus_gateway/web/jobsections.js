@@ -38,8 +38,28 @@ export function segments(cost) {
 
 export const ATTEMPT_COLUMNS = [
   ["Attempt"], ["Index", "num"], ["Try", "num"], ["Node"], ["Offering"], ["Phase"], ["Exit", "num"],
-  ["Wall", "num"], ["Units/s", "num"], ["Restored from"], ["Ended by"],
+  ["Wall", "num"], ["Units/s", "num"], ["Code"], ["Data"], ["Restored from"], ["Ended by"],
 ];
+
+// The code an attempt ran (ADR-0036): the commit of spec.source.git, or the uploaded blob.
+function codeOf(source) {
+  if (!source) return NONE;
+  if (source.blob) return `blob ${source.blob.slice(7, 19)}…`;
+  return source.commit ? `${source.commit.slice(0, 12)}${source.ref ? ` (${source.ref})` : ""}` : "not checked out";
+}
+
+// What it mounted: each Volume revision (with whether the node's cache had it) and Workspace.
+function dataOf(mounts) {
+  if (!mounts || mounts.length === 0) return NONE;
+  return mounts
+    .map((m) => {
+      const what = m.kind === "Workspace" ? `workspace ${m.name}` : `${m.name}@${m.revision ?? "?"}`;
+      const cache = m.cacheHit == null ? "" : m.cacheHit ? ", cached" : ", downloaded";
+      const made = m.committedRevision == null ? "" : `, made @${m.committedRevision}`;
+      return `${what} at ${m.mountPath}${cache}${made}`;
+    })
+    .join("; ");
+}
 
 export function attemptRow(attempt) {
   const { metadata, spec, status = {} } = attempt;
@@ -56,6 +76,8 @@ export function attemptRow(attempt) {
     h("td", { class: "num" }, status.exitCode ?? NONE),
     h("td", { class: "num" }, status.wallMillis == null ? NONE : wall(Math.round(status.wallMillis / 1000))),
     h("td", { class: "num" }, status.unitsPerSecond ?? NONE),
+    h("td", { "data-field": "code" }, codeOf(status.source)),
+    h("td", { "data-field": "data" }, dataOf(status.mounts)),
     h("td", {}, restored ? `checkpoint ${restored.sequence ?? 0}` : NONE),
     h("td", {}, status.endedBy || status.reason || NONE),
   );
