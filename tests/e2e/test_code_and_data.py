@@ -234,7 +234,12 @@ async def test_a_writable_mount_makes_the_next_revision_with_the_programs_files(
         "assert open(d + '/seed.txt').read() == 'seed\\n'; open(d + '/model.txt', 'w').write('trained\\n')"
     )
     await created(
-        http, job("writer", command=program(write), volumes=[{"volume": "results", "mountPath": "/out"}])
+        http,
+        job(
+            "writer",
+            command=program(write),
+            volumes=[{"volume": "results", "mountPath": "/out", "readOnly": False}],
+        ),
     )
     done = await finished(http, "writer")
     assert done["status"]["phase"] == "Succeeded", await log_of(http, "writer")

@@ -139,6 +139,14 @@ async def test_the_claimants_commit_becomes_the_next_revision_once(nc: NATS, run
     assert blob is not None and blob.spec.size_bytes == 11
 
 
+async def test_a_commit_of_unchanged_content_is_the_latest_revision(nc: NATS, run: Run) -> None:
+    """A writer that changed nothing: its content is revision 1 already, and no revision 2 is made."""
+    (first,) = await revisions_of(run)
+    req = run.commit(digest=first.digest, size=first.size_bytes)
+    assert await ask_commit(nc, NODE, req) == 1
+    assert [r.revision for r in await revisions_of(run)] == [1]
+
+
 async def test_a_commit_is_refused_from_another_node_for_a_read_only_mount_or_a_missing_blob(
     nc: NATS, run: Run
 ) -> None:

@@ -240,7 +240,7 @@ async def test_a_dry_run_pins_in_its_answer_and_claims_nothing(
     before = await blob_exists(stores, unique, DIGEST)
     body = job_body(
         "j",
-        volumes=[ro("data"), {"volume": "out", "mountPath": "/out"}],
+        volumes=[ro("data"), {"volume": "out", "mountPath": "/out", "readOnly": False}],
         source={"blob": DIGEST},
     )
     resp = await api.post(path(unique, "jobs"), json=body, params=DRY)

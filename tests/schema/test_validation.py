@@ -1144,7 +1144,7 @@ def test_volume_mount_and_git_checkout_are_checked_on_minimal_job() -> None:
 def test_a_sweep_template_may_not_mount_a_volume_writable() -> None:
     """Its cells would write one Volume at once (ADR-0036); read-only is fine."""
     check_sweep(
-        at("spec.template.spec.volumes", [VolumeMount(volume="data", mount_path="/data")]),
+        at("spec.template.spec.volumes", [VolumeMount(volume="data", mount_path="/data", read_only=False)]),
         "spec.template.spec.volumes[0].readOnly",
         FORB,
     )
@@ -1153,3 +1153,13 @@ def test_a_sweep_template_may_not_mount_a_volume_writable() -> None:
         None,
         None,
     )
+
+
+def test_a_volume_mount_without_read_only_is_read_only() -> None:
+    """Writing a Volume claims it and commits a revision: only an explicit readOnly: false does (ADR-0036).
+    The default is written into the stored spec, so kubectl shows it."""
+    job = minimal_job()
+    job.spec.volumes = [VolumeMount(volume="data", mount_path="/data")]
+    assert default_job(job).spec.volumes[0].read_only is True
+    job.spec.completions = 4  # several indexes may read one Volume
+    assert validate_job(job) == [] and validate_job(default_job(job)) == []

@@ -39,6 +39,7 @@ from nodus_schema.jobs import (
     Recovery,
     Resources,
     SecretMount,
+    VolumeMount,
 )
 from nodus_schema.quantities import MAX_INT32, format_duration, parse_duration
 from nodus_schema.sweeps import Sweep, SweepSpec
@@ -253,9 +254,17 @@ def _default_spec(spec: JobSpec, *, in_sweep: SweepSpec | None) -> JobSpec:
         recovery=_recovery(spec.recovery, distributed=distributed is not None),
         resources=resources,
         secrets=[_secret(s) for s in spec.secrets],
+        volumes=[_volume(v) for v in spec.volumes],
         # A Sweep's cells follow the Sweep's state; its template keeps none of its own.
         state=_or(spec.state, "Running") if in_sweep is None else spec.state,
     )
+
+
+def _volume(v: VolumeMount) -> VolumeMount:
+    """A Volume is mounted read-only unless the Job says ``readOnly: false`` (ADR-0036): a writable mount
+    claims the Volume and commits a revision when the index succeeds, which nobody should get by leaving
+    a field out. Written into the stored spec, so kubectl shows what was decided."""
+    return v if v.read_only is not None else replace(v, read_only=True)
 
 
 _S = TypeVar("_S", bound=msgspec.Struct)

@@ -442,8 +442,8 @@ def volumes(errs: ErrorList, path: Path, items: list[VolumeMount]) -> None:
         if required(errs, vp.child("mountPath"), v.mount_path, "an absolute mount point"):
             target_path(errs, vp.child("mountPath"), v.mount_path, extra=NODUS_MANAGED_PATHS)
         int_range(errs, vp.child("revision"), v.revision, 1)
-        if v.revision is not None and not v.read_only:
-            errs.forbidden(vp.child("revision"), "a revision can only be pinned with readOnly: true")
+        if v.revision is not None and v.read_only is False:
+            errs.forbidden(vp.child("revision"), "a revision can only be pinned on a read-only mount")
     unique_at(errs, path, [v.mount_path for v in items], "mountPath")
     unique_at(errs, path, [v.volume for v in items], "volume")
     _not_nested(errs, path, [(i, v.mount_path) for i, v in enumerate(items) if v.mount_path])
@@ -464,7 +464,7 @@ def writers(errs: ErrorList, path: Path, spec: JobSpec, *, in_sweep: bool = Fals
     """A writable mount commits the next revision when its index succeeds: one index, one writer. Several
     indexes of a Job, or the cells of a Sweep, would write at once, so they are refused (ADR-0036)."""
     for i, v in enumerate(spec.volumes):
-        if v.read_only:
+        if v.read_only is not False:  # unset is read-only (defaulting.py)
             continue
         vp = path.child("volumes").index(i).child("readOnly")
         if in_sweep:

@@ -136,6 +136,11 @@ class NodeAccess:
         for rev in vol.status.revisions:
             if rev.attempt == req.attempt and rev.digest == req.digest:
                 return VolumeCommitReply(revision=rev.revision)  # a repeat: the answer it had
+        latest = vol.status.revisions[-1] if vol.status.revisions else None
+        if latest is not None and latest.digest == req.digest:
+            # The program changed nothing: its content is the latest revision already, and a copy of it
+            # under a new number would only make readers download the same bytes as "news".
+            return VolumeCommitReply(revision=latest.revision)
         if not await self._uploaded(req):
             raise self._refuse(
                 node, req, what, f"no blob {req.digest} of {req.size_bytes} bytes in the store"

@@ -285,8 +285,8 @@ async def _git(
 
 # -- the writer claim ----------------------------------------------------------------------------------------
 def writable(spec: JobSpec) -> list[str]:
-    """The Volumes ``spec`` mounts writable (readOnly false or unset)."""
-    return [m.volume for m in spec.volumes if m.volume and not m.read_only]
+    """The Volumes ``spec`` mounts writable (``readOnly: false``; unset is read-only, defaulting.py)."""
+    return [m.volume for m in spec.volumes if m.volume and m.read_only is False]
 
 
 async def live_writer(stores: Stores, namespace: str, writer: VolumeWriter | None) -> bool:

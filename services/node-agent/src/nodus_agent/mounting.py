@@ -150,7 +150,7 @@ async def _mount_volume(
     plan: MountPlan,
 ) -> None:
     name, target = vm.volume or "", _mount_path(vm)
-    if not vm.read_only:  # unset is writable, as a Kubernetes volumeMount
+    if vm.read_only is False:  # only an explicit readOnly: false writes (unset is read-only)
         rev = _granted(granted, name, None, f"mounted at {target}")
         await _writable(ctx, msg, adir, name, target, rev, plan)
         return
