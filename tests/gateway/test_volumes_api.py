@@ -262,6 +262,11 @@ async def test_workspace_files_put_get_list_delete_with_counts(project: Project)
     got = await project.vera.get(f"{files}/data/a.csv")
     assert got.status_code == 200
     assert (got.content, got.headers["content-type"]) == (b"a,b\n", "application/octet-stream")
+    # Bytes to save, never a page a browser would render on the API's origin.
+    assert (got.headers["content-disposition"], got.headers["x-content-type-options"]) == (
+        "attachment",
+        "nosniff",
+    )
     listed = (await project.vera.get(files)).json()
     assert sorted((i["path"], i["sizeBytes"]) for i in listed["items"]) == [
         ("data/a.csv", 4),

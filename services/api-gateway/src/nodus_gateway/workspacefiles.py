@@ -276,7 +276,13 @@ def workspace_file_router(stores: Stores, access: StoreAccess | None) -> APIRout
             if is_store_error(e):
                 raise store_failed("read the file", e) from None
             raise
-        headers = {"Content-Length": str(reply["ContentLength"])}
+        # A file a user put there is served as bytes to save, never as a page: a browser must not run an
+        # uploaded .html on the API's origin (where the web view keeps its token).
+        headers = {
+            "Content-Length": str(reply["ContentLength"]),
+            "Content-Disposition": "attachment",
+            "X-Content-Type-Options": "nosniff",
+        }
         return StreamingResponse(
             _chunks(reply["Body"]), media_type="application/octet-stream", headers=headers
         )
