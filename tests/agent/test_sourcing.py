@@ -559,9 +559,8 @@ async def test_a_restarted_agent_reports_the_checkout_of_the_run_it_found(
     node: Node, git_server: GitServer, unique: str
 ) -> None:
     repo, commit = git_server.create_repo(f"acme/{unique}", {"train.py": "long\n"})
-    # Waits for a file nobody writes: it runs until the next agent stops it.
-    wait = "import os, pathlib, time\ngo = pathlib.Path(os.environ['NODUS_STATE'], 'go')\n"
-    wait += "while not go.exists(): time.sleep(0.05)"
+    # Blocks until a signal: it runs until the next agent stops it.
+    wait = "import signal\nsignal.pause()"
     msg = node.start_msg(
         f"{unique}-orphan", git_source(repo.url, "main"), command=[sys.executable, "-c", wait]
     )
