@@ -46,6 +46,9 @@ class AttemptSpec(Wire):
     """Gangs: how many members (nodes) the gang attempt has."""
     master_node: str | None = None
     """Gangs: the node of the rank-0 member, where the launcher's rendezvous listens (MASTER_ADDR)."""
+    warm_from: str | None = None
+    """The finished Attempt (same namespace) whose warm window this run reuses (scaledownWindow, issue #21):
+    its node was kept warm for this project, and this run's creation ends that window."""
 
 
 class AttemptPlacement(Wire):
@@ -55,6 +58,9 @@ class AttemptPlacement(Wire):
     interruptible: bool | None = None
     offering: str | None = None
     region_class: str | None = None
+    warm_reuse: bool | None = None
+    """True when the run reused capacity kept warm for its project (scaledownWindow): only its container
+    started, on a node that still had the image and the Volume revisions."""
 
 
 class CheckpointRecord(Wire):
@@ -158,6 +164,16 @@ class AttemptStatus(Wire):
     """The node's clock (epoch ms) when the run was over (reported), or the node's last heartbeat for a run
     lost with its node (written by the scheduler): billing's stop. Both ends are from one clock, so identical
     runs are billed identically (docs/billing.md)."""
+    # The warm window after the run (scaledownWindow, issue #21, ADR-0038; rules in nodus_schema.warmth).
+    warm_since_ms: int | None = None
+    """When the node began to be kept warm for the project (billing's stop of the run), epoch ms; written by
+    the scheduler with the finish when the Job set a scaledownWindow and the node is still Ready."""
+    warm_until_ms: int | None = None
+    """When the window runs out if nothing ends it sooner: ``warm_since_ms`` + the Job's scaledownWindow."""
+    warm_end_ms: int | None = None
+    """When the window was ended before it ran out: the Job's cap or the project's credit reached (billing),
+    its node lost or its Job deleted (the scheduler). A reuse ends it too, at the reusing run's creation,
+    which is read from that run (``spec.warmFrom``), not written here."""
 
 
 class Attempt(Wire):

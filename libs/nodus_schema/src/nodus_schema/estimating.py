@@ -166,7 +166,16 @@ class SlotPlan(Wire):
     run: DurationBand = msgspec.field(default_factory=DurationBand)
     """Run time of one index (Go durations)."""
     boot: DurationBand = msgspec.field(default_factory=DurationBand)
-    """Startup of one allocation, billed as the Boot segment (the cold band: warm reuse is not promised)."""
+    """Startup of one allocation on cold capacity, billed as the Boot segment."""
+    warm_boot: DurationBand | None = None
+    """Startup of one allocation on capacity kept warm for the project (scaledownWindow, issue #21)."""
+    warm_starts: int = 0
+    """How many of the slot's allocations are expected to start warm (the rest start cold)."""
+    warm_window: str | None = None
+    """The slot's scaledownWindow (a Go duration) when it keeps nodes warm after its runs."""
+    warm_tails: int = 0
+    """Nodes expected to stay warm, unused, for a whole window after the slot's last runs: each is billed the
+    window as Teardown."""
     max_cost_usd: str | None = msgspec.field(default=None, name="maxCostUSD")
     """The cell Job's own cap (template.spec.maxCostUSD), if any."""
     assembly_timeout: str | None = None
@@ -340,8 +349,14 @@ def _price_slot(slot: SlotPlan, rate: int, window_ms: int) -> _SlotMoney:
     boot50 = _d(slot.boot.p50, DEFAULT_COLD_STARTUP[0])
     boot90 = _d(slot.boot.p90, DEFAULT_COLD_STARTUP[1])
     allocations = slot.nodes * slot.completions * slot.cells
-    over50 = run_cost_micros(rate, boot50, allocations)
-    over90 = run_cost_micros(rate, boot90, allocations)
+    warm = max(0, min(slot.warm_starts, allocations))
+    over50 = run_cost_micros(rate, boot50, allocations - warm)
+    over90 = run_cost_micros(rate, boot90, allocations - warm)
+    if warm or slot.warm_tails:
+        band = slot.warm_boot or DurationBand()
+        tail = charge_for(rate, _d(slot.warm_window, timedelta(0))) * max(0, slot.warm_tails)
+        over50 += run_cost_micros(rate, _d(band.p50, DEFAULT_WARM_STARTUP[0]), warm) + tail
+        over90 += run_cost_micros(rate, _d(band.p90, DEFAULT_WARM_STARTUP[1]), warm) + tail
     # Billing's own rule for a first hold, with no limit applied yet (capped() applies a cap).
     slot_hold = hold_micros(rate, window_ms) * slot.nodes
     at_once = max(1, min(slot.parallelism, slot.completions))
@@ -369,7 +384,8 @@ def price(
     """Price a slot plan; None when no slot has a rate (nothing in the price book matched).
 
     cost = Σ allocations × (charge(run) + charge(boot)), per band, allocations = nodes × completions ×
-    cells. The holds are billing's (:func:`nodus_schema.holds.hold_micros` over its funding window
+    cells; the boot is the warm band for the slot's ``warm_starts``, and each of its ``warm_tails`` adds a
+    whole scaledownWindow (issue #21). The holds are billing's (:func:`nodus_schema.holds.hold_micros` over its funding window
     ``window_ms``). concurrentHold: for a Job, min(parallelism, completions) slots; for a Sweep
     (``max_parallel`` set), the maxParallel largest cell holds, since any cells may be the ones running
     together.

@@ -137,24 +137,9 @@ def not_supported_yet(errs: ErrorList, path: Path, what: str, why: str, instead:
 def unavailable(errs: ErrorList, path: Path, spec: JobSpec) -> None:
     """The JobSpec fields Nodus accepts the shape of but does not honour (yet). Parts checked elsewhere:
     input kinds (:func:`inputs`), sidecar startupTimeout and env valueFrom (:func:`container`), egress
-    presets, checkpoint integration and scaledownWindow (``jobrules.py``)."""
-    if spec.service_account_name is not None:
-        not_supported_yet(
-            errs,
-            path.child("serviceAccountName"),
-            "serviceAccountName is",
-            "Nodus has no service accounts",
-            "use secrets or env[].valueFrom.secretKeyRef instead, for the credentials the Job needs",
-        )
-    if spec.complete_by_time is not None:
-        not_supported_yet(
-            errs,
-            path.child("completeByTime"),
-            "completeByTime is",
-            "neither placement nor the checkpoint cadence reads it",
-            "use timeout instead for a limit the Job must finish within, and recovery.checkpoint.interval "
-            "for the cadence",
-        )
+    presets and checkpoint integration (``jobrules.py``). serviceAccountName is checked against the
+    project's ServiceAccounts at admission (the gateway), completeByTime and scaledownWindow are honoured
+    (issue #21)."""
     if spec.image_ref is not None:
         not_supported_yet(
             errs,

@@ -369,15 +369,7 @@ def _timeout_alias(errs: ErrorList, path: Path, spec: JobSpec) -> None:
 
 
 def _scaledown_window(errs: ErrorList, path: Path, value: str | None) -> None:
-    window = duration(errs, path, value, "0s", MAX_SCALEDOWN_WINDOW)
-    if window is not None and window > timedelta(0):
-        not_supported_yet(
-            errs,
-            path,
-            "a scaledownWindow above 0s is",
-            "Nodus keeps no capacity warm after a Job ends",
-            "use 0s instead, or leave it unset",
-        )
+    duration(errs, path, value, "0s", MAX_SCALEDOWN_WINDOW)
 
 
 def _counts_and_times(errs: ErrorList, path: Path, spec: JobSpec) -> None:

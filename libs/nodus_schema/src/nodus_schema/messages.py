@@ -101,6 +101,12 @@ class StartAttempt(AttemptMessage, tag="StartAttempt"):
     # revision pinned by the gateway). The digests of revisions come with the grant (noding.RunSecrets).
     source: Source | None = None
     volumes: list[VolumeMount] = msgspec.field(default_factory=list)
+    # Issue #21. complete_by_time: the Job's spec.completeByTime (RFC 3339), a hint that shortens the
+    # ``auto`` checkpoint interval as it nears; it never stops the run. warm_reuse: the scheduler placed
+    # this run on capacity kept warm for its project by an earlier run's scaledownWindow (the node's
+    # image and cached Volume revisions are still there), so only the container starts.
+    complete_by_time: str | None = None
+    warm_reuse: bool = False
 
 
 class StopReason(enum.StrEnum):

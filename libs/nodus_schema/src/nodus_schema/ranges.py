@@ -68,7 +68,7 @@ RANGES: Final[tuple[Range, ...]] = (
     Range("spec.ttlSecondsAfterFinished", "0", _I32, "int32 seconds"),
     Range("spec.timeout", "above 0s", _DUR, ""),
     Range("spec.expectedDuration", "above 0s", _DUR, ""),
-    Range("spec.scaledownWindow", "0s", "0s", "the reference's 0s-20m; above 0s is not available yet"),
+    Range("spec.scaledownWindow", "0s", "20m", "the reference"),
     Range("spec.maxCostUSD", "0", _USD, _MONEY),
     Range("spec.initCommand.timeout", "above 0s", MAX_INIT_TIMEOUT, "the reference"),
     Range("spec.sidecars[].startupTimeout", "-", "-", "not available yet: leave it unset"),

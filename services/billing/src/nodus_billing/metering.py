@@ -60,19 +60,28 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.books import Books, Planner, Step
 from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
-from nodus_billing.segmenting import RESTORE, RUNNING, charged, epoch_ms, usage_ms, usage_of
+from nodus_billing.recovering import recovery_of
+from nodus_billing.segmenting import RUNNING, charged, usage_ms, usage_of
 from nodus_billing.settings import METER_TICK_MS, ORPHAN_HOLD_MS, BillingSettings
 from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
 from nodus_billing.viewing import Views
+from nodus_billing.warming import (
+    WARM_FROM,
+    end_of_funding,
+    horizon_ms,
+    keeper_key,
+    warm_open,
+    with_window,
+    write_end,
+)
 from nodus_kit import errors, tracing
 from nodus_kit.errors import AlreadyExists, Conflict, NotFound
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_UID_LABEL, Attempt
 from nodus_schema.billing import FUNDING_BUCKET, Block, Funding
 from nodus_schema.costs import Cost, CostSegments
-from nodus_schema.gpus import GPURequest
 from nodus_schema.holds import HOLD_WINDOW_MS, STOP_MARGIN_MS, resume_micros, stop_margin_ms
-from nodus_schema.jobs import TERMINAL_PHASES, Job, LostRun, RecoveryStatus, Resources
+from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta, format_time
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
@@ -227,6 +236,8 @@ class Metering:
         steps += self._settle(state, refs, attempts, now)
         if steps:
             state = (await self.books.apply(ns, steps)).state
+        if await self._end_unfunded(views, state, attempts, now):
+            self.requeue(key, 0.0)  # captured by the next pass
         if job is None:
             return self._next(state, refs)
         ref = job_ref(name, job.metadata.uid)
@@ -321,8 +332,13 @@ class Metering:
                 if now - hold.placed_ms >= self.terms.orphan_ms:
                     steps.append(Release(hold_id=hold_id))
             elif attempt.status.phase in ATTEMPT_TERMINAL:
+                reusers = self._reusers(attempt)
+                if warm_open(attempt, reusers, now):  # its node kept warm: charged on (warming.py)
+                    steps.append(self._tick(hold_id, attempt, now))
+                    steps.append(self._extend(hold_id, attempt, now, horizon_ms(attempt, reusers)))
+                    continue
                 usage = usage_of(attempt, replacement=_replaces_lost(attempt, attempts), now_ms=now)
-                steps.append(_capture(hold_id, usage))
+                steps.append(_capture(hold_id, with_window(usage, attempt, reusers, now)))
             else:
                 if attempt.status.start_time:
                     steps.append(self._tick(hold_id, attempt, now))
@@ -347,10 +363,16 @@ class Metering:
 
         return plan
 
-    def _extend(self, hold_id: str, attempt: Attempt, now: int) -> Planner:
-        """Keep a window of funding ahead of use, as far as the caps, Budgets and credits allow."""
+    def _reusers(self, attempt: Attempt) -> list[Attempt]:
+        views = self.views
+        return views.attempts.by_index(WARM_FROM, keeper_key(attempt)) if views is not None else []
+
+    def _extend(self, hold_id: str, attempt: Attempt, now: int, horizon: int | None = None) -> Planner:
+        """Keep a window of funding ahead of use, as far as the caps, Budgets and credits allow (and no
+        further than ``horizon`` of billed time: a warm window's end)."""
         rate, window = attempt.spec.rate_micros_per_hour, self.terms.window_ms
         used_ms = usage_ms(attempt, now)
+        ahead = used_ms + window if horizon is None else min(used_ms + window, horizon)
 
         def plan(state: State) -> Op | None:
             hold = state.holds.get(hold_id)
@@ -358,7 +380,7 @@ class Metering:
                 return None
             if hold.funded_until_ms - now > window // 2:
                 return None
-            needed = charge_micros(rate, used_ms + window) - hold.charged_micros - held(state, hold_id)
+            needed = charge_micros(rate, ahead) - hold.charged_micros - held(state, hold_id)
             # Judged as apply judges an extension: by the Budgets of the hold's month and labels.
             room, _ = room_for(state, hold.job, hold.month, hold.labels)
             more = min(max(needed, 0), room)
@@ -368,6 +390,24 @@ class Metering:
             return ExtendHold(hold_id=hold_id, more_micros=more, funded_until_ms=until)
 
         return plan
+
+    async def _end_unfunded(self, views: Views, state: State, attempts: list[Attempt], now: int) -> bool:
+        """End the warm windows their holds can no longer fund (the cap, a Budget or the credits reached):
+        where the funding ends (warming.end_of_funding). Whether one was ended."""
+        ended = False
+        for a in attempts:
+            hold = state.holds.get(a.metadata.name or "")
+            if not _warm(a) or hold is None or hold.status != "Open":
+                continue
+            end = end_of_funding(hold, a, self._reusers(a), now, self.terms.tick_ms)
+            if end is None:
+                continue
+            written = await write_end(self.attempts, a, end)
+            if written is not None:
+                views.attempts.apply(written)
+                ended = True
+                log.info("warm window ended: not funded", extra={"attempt": a.metadata.name})
+        return ended
 
     # -- funding ---------------------------------------------------------------------------------------
     async def _fund(
@@ -506,6 +546,11 @@ def funded_until(hold: Hold, reserved_left: int, billing_start_ms: int) -> int:
     return billing_start_ms + paid * MICROS_PER_HOUR_MS // rate
 
 
+def _warm(a: Attempt) -> bool:
+    """A finished run whose node may still be kept warm (its hold, while open, is charged at its rate)."""
+    return a.status.warm_until_ms is not None and a.status.warm_end_ms is None
+
+
 def _running(attempts: list[Attempt]) -> bool:
     return any(a.status.phase not in ATTEMPT_TERMINAL for a in attempts)
 
@@ -569,7 +614,7 @@ def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
             covered |= set(hold.usage.covered)
         elif hold.charged_micros:
             segments[RUNNING] = segments.get(RUNNING, 0) + hold.charged_micros
-    live = {a.metadata.name for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
+    live = {a.metadata.name for a in attempts if a.status.phase not in ATTEMPT_TERMINAL or _warm(a)}
     rate = sum(hold.rate_micros_per_hour for h, hold in open_.items() if h in live)
     uid = job.metadata.uid
     mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
@@ -588,69 +633,6 @@ def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
         funded_until_time=format_time(datetime.fromtimestamp(until / 1000, UTC)) if until else None,
         final=final,
     )
-
-
-MAX_LOST_RUNS = 100
-
-
-def recovery_of(job: Job, state: State, attempts: list[Attempt]) -> RecoveryStatus | None:
-    """Recovery accounting: each run lost with its capacity, what it cost, and the GPU time it had done
-    since its last checkpoint until its node's last heartbeat (paid for, and done again by its
-    replacement); what the replacements' Restore cost, and what Nodus covered. None when nothing was lost."""
-    uid = job.metadata.uid
-    mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
-    lost = sorted(
-        (a for a in mine if a.status.phase == "Lost"),
-        key=lambda a: (a.metadata.creation_timestamp or "", a.metadata.name or ""),
-    )
-    if not lost:
-        return None
-    gpus = _gpus(job)
-    runs: list[LostRun] = []
-    total_ms = total_usd = covered = 0
-    for a in lost:
-        st = a.status
-        since = epoch_ms((st.checkpoint.time if st.checkpoint else None) or st.start_time)
-        until = st.billing_stop_ms if st.billing_stop_ms is not None else epoch_ms(st.finish_time)
-        lost_ms = max(0, until - since) if since is not None and until is not None else 0
-        lost_micros = charge_micros(a.spec.rate_micros_per_hour, lost_ms)
-        hold = state.holds.get(a.metadata.name or "")
-        if hold is not None and hold.usage is not None:
-            covered += sum(hold.usage.covered.values())
-        total_ms += lost_ms
-        total_usd += lost_micros
-        runs.append(
-            LostRun(
-                attempt=a.metadata.name or "",
-                index=a.spec.index,
-                reason=st.reason,
-                cost_usd=micros_to_usd(hold.charged_micros) if hold is not None else None,
-                lost_seconds=lost_ms // 1000,
-                gpus=gpus,
-                lost_usd=micros_to_usd(lost_micros),
-                checkpoint_time=st.checkpoint.time if st.checkpoint else None,
-            )
-        )
-    restore = sum(
-        h.usage.segments.get(RESTORE, 0)
-        for a in mine
-        if (h := state.holds.get(a.metadata.name or "")) is not None and h.usage is not None
-    )
-    return RecoveryStatus(
-        lost_runs=len(lost),
-        lost_gpu_seconds=total_ms // 1000 * gpus,
-        lost_usd=micros_to_usd(total_usd),
-        restore_usd=micros_to_usd(restore),
-        recovery_usd=micros_to_usd(total_usd + restore),
-        covered_usd=micros_to_usd(covered),
-        runs=runs[-MAX_LOST_RUNS:],
-    )
-
-
-def _gpus(job: Job) -> int:
-    res = job.spec.resources
-    gpu = res.gpu if isinstance(res, Resources) else None
-    return gpu.count if isinstance(gpu, GPURequest) and gpu.count else 1
 
 
 def _segments(amounts: dict[str, int], covered: set[str]) -> CostSegments:

@@ -47,6 +47,7 @@ from nodus_billing.viewing import (
     labelled,
     open_holds,
 )
+from nodus_billing.warming import WARM_FROM, warm_from
 from nodus_kit.configuring import read_settings
 from nodus_kit.controlling import Controller, Key, own_key, owns, watches
 from nodus_kit.informing import Informer, key_of
@@ -75,7 +76,10 @@ class BillingService(Service):
         bus = self.bus
         self.views = Views(
             jobs=Informer(ObjectStore(bus, "jobs", Job), indexers={BY_SWEEP: labelled(SWEEP_LABEL)}),
-            attempts=Informer(ObjectStore(bus, "attempts", Attempt), indexers={BY_JOB: labelled(JOB_LABEL)}),
+            attempts=Informer(
+                ObjectStore(bus, "attempts", Attempt),
+                indexers={BY_JOB: labelled(JOB_LABEL), WARM_FROM: warm_from},
+            ),
             sweeps=Informer(ObjectStore(bus, "sweeps", Sweep)),
             funding=Informer(ObjectStore(bus, FUNDING_BUCKET, Funding), indexers={BLOCKED: blocked}),
             books=Informer(glances(bus), indexers={OPEN: open_holds}, name="billing:holds"),

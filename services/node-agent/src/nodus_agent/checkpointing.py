@@ -522,23 +522,54 @@ MEAN_TIME_TO_INTERRUPT: Final = {True: timedelta(hours=4), False: timedelta(hour
 """Assumed mean time between losses of capacity: interruptible (reclaimed) vs on-demand (failures)."""
 SHORTEST: Final = timedelta(minutes=1)
 LONGEST: Final = timedelta(hours=6)
+DEADLINE_FLOOR: Final = timedelta(minutes=2)
+"""``auto`` never checkpoints more often than this for a deadline (nor more often than twice the last
+checkpoint's cost): a checkpoint asks the program to quiesce (up to 60 s) and streams its state, so at two
+minutes, or twice the cost, the run still spends at least two thirds of its time working."""
+DEADLINE_SHARE: Final = 4
+"""Under ``auto``, an interval is at most 1/4 of the time left to ``completeByTime``."""
+
+
+def toward_deadline(
+    interval: timedelta, *, deadline: datetime, now: datetime, last_cost: timedelta | None = None
+) -> timedelta:
+    """``interval`` shortened for a deadline (``spec.completeByTime``): at most a quarter of the time left,
+    never below the floor (:data:`DEADLINE_FLOOR`, or twice ``last_cost`` when larger); past the deadline,
+    the floor. It only ever shortens: the deadline never makes ``interval`` longer.
+
+    Recomputed after every checkpoint, it shrinks as the deadline nears, so a loss close to the deadline
+    costs at most a quarter of what was left (a replacement restores and has that much to redo)."""
+    floor = max(DEADLINE_FLOOR, 2 * last_cost) if last_cost is not None else DEADLINE_FLOOR
+    left = deadline - now
+    cap = max(left / DEADLINE_SHARE, floor) if left > timedelta(0) else floor
+    return min(interval, cap)
 
 
 def checkpoint_interval(
-    policy: str | None, *, last_cost: timedelta | None = None, interruptible: bool = False
+    policy: str | None,
+    *,
+    last_cost: timedelta | None = None,
+    interruptible: bool = False,
+    deadline: datetime | None = None,
+    now: datetime | None = None,
 ) -> timedelta:
     """The time between checkpoints for ``recovery.checkpoint.interval`` (None means ``auto``).
 
     ``auto`` (ADR-0019): 30m until a checkpoint's cost has been measured, then Young's interval
     sqrt(2 x cost x mean time to interruption) (4h on interruptible capacity, 24h otherwise), held to
-    [10m, 2h]. A duration is used as given (1m to 6h).
+    [10m, 2h]; with a ``deadline`` (and the time ``now``), shortened by :func:`toward_deadline`. A duration
+    is used as given (1m to 6h), deadline or not.
     """
     if policy is None or policy == AUTO:
         if last_cost is None:
-            return AUTO_FIRST
-        mtti = MEAN_TIME_TO_INTERRUPT[interruptible].total_seconds()
-        young = timedelta(seconds=math.sqrt(2 * max(last_cost.total_seconds(), 0.0) * mtti))
-        return min(max(young, AUTO_FLOOR), AUTO_CEILING)
+            interval = AUTO_FIRST
+        else:
+            mtti = MEAN_TIME_TO_INTERRUPT[interruptible].total_seconds()
+            young = timedelta(seconds=math.sqrt(2 * max(last_cost.total_seconds(), 0.0) * mtti))
+            interval = min(max(young, AUTO_FLOOR), AUTO_CEILING)
+        if deadline is None or now is None:
+            return interval
+        return toward_deadline(interval, deadline=deadline, now=now, last_cost=last_cost)
     interval = parse_duration(policy)
     if not SHORTEST <= interval <= LONGEST:
         raise ValueError(f"checkpoint interval {policy!r} must be 'auto' or a duration from 1m to 6h")
@@ -551,10 +582,13 @@ def next_due(
     *,
     last_cost: timedelta | None = None,
     interruptible: bool = False,
+    deadline: datetime | None = None,
 ) -> datetime:
     """When the next Interval checkpoint is due: ``last`` (the previous checkpoint's end, or the
-    program's start) plus :func:`checkpoint_interval`."""
-    return last + checkpoint_interval(policy, last_cost=last_cost, interruptible=interruptible)
+    program's start) plus :func:`checkpoint_interval` (with a ``deadline``, as of ``last``)."""
+    return last + checkpoint_interval(
+        policy, last_cost=last_cost, interruptible=interruptible, deadline=deadline, now=last
+    )
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -425,7 +425,9 @@ class SimulatedFleet:
                 after.append(self._later(functools.partial(self._publish_finished, key)))
             return
         rng = run_rng(self.settings.seed, msg)
-        plan = plan_run(msg, node.shape, self.settings, rng)
+        warm = msg.warm_reuse and node.last_image == msg.image
+        node.last_image = msg.image
+        plan = plan_run(msg, node.shape, self.settings, rng, warm=warm)
         record = Record(phase=RUNNING, started=now_rfc3339(), started_epoch_ms=epoch_ms())
         self.journal.append(
             Entry(namespace=msg.namespace, attempt=msg.attempt, node=node.name, record=record)
@@ -438,13 +440,25 @@ class SimulatedFleet:
         after.append(lambda: self._launch(run))
 
     def _launch(self, run: SimRun) -> None:
-        """Once the start is durable: AttemptStarted goes out and the run's clock starts."""
+        """Once the start is durable: the node boots (the plan's boot, cold or warm), then AttemptStarted
+        goes out and the run's clock starts."""
         assert self._loop is not None
+        if run.plan.boot_seconds > 0:
+            run.handle = self._loop.call_later(run.plan.boot_seconds, self._program, run)
+        else:
+            self._program(run)
+
+    def _program(self, run: SimRun) -> None:
+        """The program launches: AttemptStarted (billing's start and the launch, both on the node's clock)."""
+        assert self._loop is not None
+        run.handle = None
+        if run.done:
+            return  # stopped while booting
         started = run.record.started or now_rfc3339()
-        # A simulated node boots nothing: its program starts when the run does (both on its clock).
         ms = run.record.started_epoch_ms
+        program = ms + int(run.plan.boot_seconds * 1000) if ms is not None else None
         report = functools.partial(
-            run.node.reporter.started, run.namespace, run.attempt, started, started_ms=ms, program_ms=ms
+            run.node.reporter.started, run.namespace, run.attempt, started, started_ms=ms, program_ms=program
         )
         self._send(report, run.ctx)
         if run.done:

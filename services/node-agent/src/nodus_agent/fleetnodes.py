@@ -76,6 +76,8 @@ class SimNode:
     registration: SimRegistration
     reporter: Reporter
     alive: bool = True
+    last_image: str | None = None
+    """The image of the node's last run: a warm reuse of the same image skips the pull (the warm boot)."""
 
 
 @dataclass(eq=False, slots=True)

@@ -5,6 +5,7 @@ and the attempt. ``nodus_agent.simulating`` runs the fleet on the bus; docs/simu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import re
@@ -24,6 +25,8 @@ ENV_EXIT = "NODUS_SIM_EXIT"
 ENV_FAILURE_RATE = "NODUS_SIM_FAILURE_RATE"
 ENV_FAIL_ATTEMPTS = "NODUS_SIM_FAIL_ATTEMPTS"
 ENV_UNITS = "NODUS_SIM_UNITS_PER_SECOND"
+ENV_BOOT = "NODUS_SIM_BOOT_SECONDS"
+ENV_WARM_BOOT = "NODUS_SIM_WARM_BOOT_SECONDS"
 
 SIGTERM_EXIT = 143  # what a program killed by SIGTERM reports (128 + 15), as the real runner sees it
 THROUGHPUT_SIGMA = 0.05  # run-to-run spread of throughput around its median
@@ -60,6 +63,10 @@ class FleetSettings:
     """Median throughput of one GPU of speed 1 (an L4); a node's is this x family speed x GPUs."""
     progress_s: float = 5.0
     """Seconds between AttemptProgress reports of a run (0: none)."""
+    boot_s: float = 0.0
+    """Seconds from a run's start to its program's launch on a cold node (the image pull, the inputs)."""
+    warm_boot_s: float = 0.0
+    """The same on a node kept warm for the run's project that last ran its image (only the container)."""
     seed: int = 1
     chunk: int = 500
     """Nodes per durable consumer."""
@@ -81,8 +88,10 @@ class FleetSettings:
             raise ValueError(f"heartbeat_s={self.heartbeat_s} must be positive")
         if not 0 <= self.failure_rate <= 1:
             raise ValueError(f"failure_rate={self.failure_rate} must be between 0 and 1")
-        if self.median_s < 0 or self.sigma < 0 or self.progress_s < 0 or self.units_per_second < 0:
+        if min(self.median_s, self.sigma, self.progress_s, self.units_per_second) < 0:
             raise ValueError("median_s, sigma, progress_s and units_per_second must not be negative")
+        if self.boot_s < 0 or self.warm_boot_s < 0:
+            raise ValueError("boot_s and warm_boot_s must not be negative")
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> FleetSettings:
@@ -100,6 +109,8 @@ class FleetSettings:
             failure_rate=float(env.get("NODUS_FLEET_FAILURE_RATE", str(cls.failure_rate))),
             units_per_second=float(env.get("NODUS_FLEET_UNITS_PER_SECOND", str(cls.units_per_second))),
             progress_s=float(env.get("NODUS_FLEET_PROGRESS_S", str(cls.progress_s))),
+            boot_s=float(env.get("NODUS_FLEET_BOOT_S", str(cls.boot_s))),
+            warm_boot_s=float(env.get("NODUS_FLEET_WARM_BOOT_S", str(cls.warm_boot_s))),
             seed=int(env.get("NODUS_FLEET_SEED", str(cls.seed))),
             chunk=int(env.get("NODUS_FLEET_CHUNK", str(cls.chunk))),
             workdir=Path(env.get("NODUS_FLEET_WORKDIR") or Path(".nodus") / "sim" / fleet).absolute(),
@@ -197,6 +208,8 @@ class Plan:
     exit_code: int | None
     message: str | None
     units_per_second: Decimal | None
+    boot_seconds: float = 0.0
+    """From the run's start to its program's launch: the cold or the warm boot (no draw: deterministic)."""
 
 
 def run_rng(seed: int, msg: StartAttempt) -> random.Random:
@@ -204,11 +217,25 @@ def run_rng(seed: int, msg: StartAttempt) -> random.Random:
     return random.Random(f"{seed}/{msg.namespace}/{msg.job}/{msg.index}/{msg.attempt_no}")
 
 
-def plan_run(msg: StartAttempt, shape: NodeShape, cfg: FleetSettings, rng: random.Random) -> Plan:
-    """Sample one run: duration (lognormal around the median), outcome, throughput.
+def plan_run(
+    msg: StartAttempt, shape: NodeShape, cfg: FleetSettings, rng: random.Random, *, warm: bool = False
+) -> Plan:
+    """Sample one run: duration (lognormal around the median), outcome, throughput; its boot, the warm one
+    when ``warm`` (the node was kept warm for the project and last ran this image).
 
     Draws are made in a fixed order whatever the knobs, so changing one knob never shifts the others.
     """
+    plan = _sample(msg, shape, cfg, rng)
+    env = {v.name: v.value for v in msg.env if v.name and v.value is not None}
+    try:
+        cold = _number(env, ENV_BOOT, cfg.boot_s, low=0.0) or 0.0
+        hot = _number(env, ENV_WARM_BOOT, cfg.warm_boot_s, low=0.0) or 0.0
+    except ValueError as e:
+        return Plan(0.0, "Error", None, f"{e} (simulated run)", None)
+    return dataclasses.replace(plan, boot_seconds=hot if warm else cold)
+
+
+def _sample(msg: StartAttempt, shape: NodeShape, cfg: FleetSettings, rng: random.Random) -> Plan:
     z_time, u_fail, z_rate = rng.gauss(0.0, 1.0), rng.random(), rng.gauss(0.0, 1.0)
     env = {v.name: v.value for v in msg.env if v.name and v.value is not None}
     try:

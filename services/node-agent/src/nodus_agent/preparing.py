@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,6 +49,7 @@ from nodus_kit.errors import NotFound
 from nodus_schema.attempts import CheckpointRecord, SourceRecord
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.messages import StartAttempt
+from nodus_schema.meta import parse_time
 from nodus_schema.noding import connection_secrets
 
 log = logging.getLogger(__name__)
@@ -372,22 +373,40 @@ def checkpoints_enabled(toolkit: Toolkit, msg: StartAttempt) -> bool:
 
 
 def checkpoint_interval(
-    msg: StartAttempt, settings: AgentSettings, last_cost: timedelta | None
+    msg: StartAttempt,
+    settings: AgentSettings,
+    last_cost: timedelta | None,
+    now: datetime | None = None,
 ) -> timedelta | None:
     """The time to the next Interval checkpoint, None when this attempt takes none. Only a Checkpointed
-    Job is checkpointed on a schedule; a Restartable one keeps its own cursor and is saved before stops."""
+    Job is checkpointed on a schedule; a Restartable one keeps its own cursor and is saved before stops.
+    Under ``auto``, the Job's ``completeByTime`` shortens it as it nears (as of ``now``, default: the
+    clock; :func:`checkpointing.toward_deadline`)."""
     if msg.continuity != "Checkpointed" or not msg.job:
         return None
     policy = msg.checkpoint.interval if msg.checkpoint else None
+    deadline = _deadline(msg)
+    when = now or datetime.now(UTC)
     try:
         return checkpointing.checkpoint_interval(
-            policy, last_cost=last_cost, interruptible=settings.interruptible
+            policy, last_cost=last_cost, interruptible=settings.interruptible, deadline=deadline, now=when
         )
     except ValueError as e:
         log.warning("checkpoint interval: %s; using auto", e)
         return checkpointing.checkpoint_interval(
-            None, last_cost=last_cost, interruptible=settings.interruptible
+            None, last_cost=last_cost, interruptible=settings.interruptible, deadline=deadline, now=when
         )
+
+
+def _deadline(msg: StartAttempt) -> datetime | None:
+    """The StartAttempt's completeByTime; None when unset or unreadable (a hint: never a reason to fail)."""
+    if not msg.complete_by_time:
+        return None
+    try:
+        return parse_time(msg.complete_by_time)
+    except (ValueError, OverflowError) as e:
+        log.warning("completeByTime ignored: %s", e, extra={"attempt": msg.attempt})
+        return None
 
 
 async def take_checkpoint(

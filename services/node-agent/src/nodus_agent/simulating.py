@@ -84,6 +84,12 @@ _FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--failure-rate", "NODUS_FLEET_FAILURE_RATE", "probability a run exits 1 (default 0)"),
     ("--units-per-second", "NODUS_FLEET_UNITS_PER_SECOND", "throughput of one L4-class GPU (default 100)"),
     ("--progress-s", "NODUS_FLEET_PROGRESS_S", "seconds between progress reports, 0 for none (default 5)"),
+    ("--boot-s", "NODUS_FLEET_BOOT_S", "seconds from a run's start to its program, cold node (default 0)"),
+    (
+        "--warm-boot-s",
+        "NODUS_FLEET_WARM_BOOT_S",
+        "the same on a node kept warm for the project with the same image (default 0)",
+    ),
     ("--seed", "NODUS_FLEET_SEED", "random seed (default 1)"),
     ("--chunk", "NODUS_FLEET_CHUNK", "nodes per durable consumer (default 500)"),
     ("--workdir", "NODUS_FLEET_WORKDIR", "journal directory (default .nodus/sim/<fleet>)"),

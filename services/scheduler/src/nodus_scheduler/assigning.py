@@ -48,6 +48,8 @@ def start_message(
         image_pull_secrets=list(spec.image_pull_secrets),
         source=spec.source,
         volumes=list(spec.volumes),
+        warm_reuse=attempt.spec.warm_from is not None,
+        complete_by_time=spec.complete_by_time,  # the agent's auto checkpoint cadence shortens toward it
     )
 
 

@@ -1,10 +1,11 @@
 """Binding: the line of Jobs waiting for capacity, and the one task that gives them nodes, in order.
 
 The lifecycle decides *what* a Job needs (which indexes want a run now, :class:`Demand`); the binder
-decides *where*, for every waiting Job at once, in the order the Jobs joined the line (creation time, then
-uid). A Job that cannot be placed does not hold the line: the next one may fit capacity it cannot use
-(Kubernetes' scheduler does the same). A suspended Job leaves the line and comes back to its old place
-when resumed, since its place is its creation time.
+decides *where*, for every waiting Job at once, in the order of the line (:mod:`nodus_scheduler.ordering`):
+the order the Jobs joined it (creation time, then uid) across projects, earliest ``completeByTime`` first
+among the places a project and profile already hold. A Job that cannot be placed does not hold the line:
+the next one may fit capacity it cannot use (Kubernetes' scheduler does the same). A suspended Job leaves
+the line and comes back to its old place when resumed, since its place is its creation time.
 
 Binding one index is: choose a node from the capacity index, reserve it there, have billing fund it (a
 hold named after the Attempt, :mod:`nodus_scheduler.funding`), create the Attempt
@@ -28,11 +29,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Final
 
 from nodus_kit import measuring
 from nodus_kit.errors import AlreadyExists
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.ordering import Place, in_line, place_of
 from nodus_scheduler.viewing import JobKey, World
 from nodus_schema.attempts import GANG_LABEL, Attempt
 from nodus_schema.jobs import Job
@@ -52,10 +55,10 @@ class Demand:
     job: Job
     runs: list[tuple[int, int]]
 
-    @property
-    def place_in_line(self) -> tuple[str, str]:
-        meta = self.job.metadata
-        return (meta.creation_timestamp or "", meta.uid or "")
+    @cached_property
+    def place(self) -> Place:
+        """Its place, group and deadline (:mod:`nodus_scheduler.ordering`), worked out once per Demand."""
+        return place_of(self.job)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +171,8 @@ class Binder:
     def _choose_batch(self) -> list[Unit]:
         chosen: list[Unit] = []
         n = 0
-        for key, demand in sorted(self.line.items(), key=lambda kv: kv[1].place_in_line):
+        for key in in_line((k, d.place) for k, d in self.line.items()):
+            demand = self.line[key]
             while demand.runs and n < BATCH:
                 index, attempt_no = demand.runs[0]
                 choice = self.choose(demand.job, index, attempt_no)  # reserves the node(s) it chose

@@ -10,7 +10,9 @@ is in exactly one state:
   whatever its heartbeat says: counted apart, so "why does my Job wait" names the drain;
 * **not ready**: its phase is not Ready, it is ``unschedulable``, or its last heartbeat is older than
   :data:`HEARTBEAT_GRACE` (15 s);
-* **busy**: ready, with an unfinished Attempt on it (the scheduler marks it);
+* **busy**: ready, with an unfinished Attempt on it (the scheduler marks it), or **kept warm** for one
+  project by a finished run's scaledownWindow (:meth:`CapacityIndex.mark_warm`, issue #21): counted busy
+  for everyone, offered first to that project's runs (:meth:`Group.first_warm`);
 * **free**: ready and not busy; these are kept in a heap by name, so the pick is deterministic (the
   smallest name of the best group).
 
@@ -34,7 +36,7 @@ price book version and picks the node.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -47,6 +49,7 @@ __all__ = [
     "CapacityIndex",
     "Group",
     "GroupKey",
+    "Warm",
     "gone_at",
     "unreachable",
 ]
@@ -71,6 +74,7 @@ class Group:
         "_free",
         "_heap",
         "_in_heap",
+        "_warm",
         "busy",
         "drained",
         "interruptible",
@@ -92,6 +96,8 @@ class Group:
         self._free: set[str] = set()
         self._heap: list[str] = []
         self._in_heap: set[str] = set()
+        self._warm: dict[str, set[str]] = {}
+        """Nodes of this group kept warm, by the namespace they are kept for (busy or not)."""
 
     @property
     def free(self) -> int:
@@ -107,6 +113,10 @@ class Group:
             heapq.heappop(heap)
             self._in_heap.discard(name)
         return None
+
+    def warm_for(self, namespace: str) -> set[str]:
+        """The nodes of this group kept warm for ``namespace`` (some may be busy or not ready)."""
+        return self._warm.get(namespace, set())
 
     def _add(self, name: str, ready: bool, busy: bool, drained: bool = False) -> None:
         self.total += 1
@@ -138,6 +148,25 @@ class Group:
             f"Group({self.key}, total={self.total}, free={self.free}, busy={self.busy}, "
             f"not_ready={self.not_ready}, drained={self.drained})"
         )
+
+
+class Warm:
+    """A node kept warm for one project until ``until`` (epoch s), by the finished run ``keeper``."""
+
+    __slots__ = ("keeper", "namespace", "until")
+
+    def __init__(self, namespace: str, until: float, keeper: str) -> None:
+        self.namespace, self.until, self.keeper = namespace, until, keeper
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Warm) and (self.namespace, self.until, self.keeper) == (
+            other.namespace,
+            other.until,
+            other.keeper,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.namespace, self.until, self.keeper))
 
 
 class _Entry:
@@ -210,6 +239,10 @@ class CapacityIndex:
         self._entries: dict[str, _Entry] = {}
         self._groups: dict[GroupKey, Group] = {}
         self._busy: set[str] = set()
+        self._warm: dict[str, Warm] = {}
+        """Nodes kept warm for a project (scaledownWindow): busy for every other project until ``until``."""
+        self._warm_ends: list[tuple[float, str]] = []
+        """(until, name) of every warm node: a heap, as _deadlines."""
         self._deadlines: list[tuple[float, str]] = []
         self._gone: list[tuple[float, str]] = []
         """(gone_at, name) of every node that would leave the index: a heap, as _deadlines."""
@@ -252,6 +285,23 @@ class CapacityIndex:
     def is_busy(self, name: str) -> bool:
         return name in self._busy
 
+    def warm(self, name: str) -> Warm | None:
+        """Whom ``name`` is kept warm for, if anyone (whether or not a run is on it now)."""
+        return self._warm.get(name)
+
+    def _reserved(self, name: str) -> bool:
+        """Busy for placement: a run on it, or kept warm for a project."""
+        return name in self._busy or name in self._warm
+
+    def first_warm(self, group: Group, namespace: str) -> str | None:
+        """The smallest name of ``group`` kept warm for ``namespace``, ready and with no run on it."""
+        names = [
+            n
+            for n in group.warm_for(namespace)
+            if n not in self._busy and (e := self._entries.get(n)) is not None and e.ready
+        ]
+        return min(names) if names else None
+
     def is_ready(self, name: str) -> bool:
         entry = self._entries.get(name)
         return entry is not None and entry.ready
@@ -273,16 +323,18 @@ class CapacityIndex:
         drained = node.status.phase == DRAINING
         ready = schedulable and alive_until >= t
         group = self._group(key_of(node))
-        busy = name in self._busy
+        busy = self._reserved(name)
         entry = self._entries.get(name)
         if entry is None:
             entry = _Entry(node, group, schedulable, alive_until, ready, drained)
             self._entries[name] = entry
         else:
             entry.group._drop(name, entry.ready, busy, entry.drained)
+            self._unlist_warm(name, entry.group)
             entry.node, entry.group, entry.schedulable, entry.ready = node, group, schedulable, ready
             entry.alive_until, entry.drained = alive_until, drained
         group._add(name, ready, busy, drained)
+        self._list_warm(name, group)
         entry.gone_at = gone
         if ready:
             heapq.heappush(self._deadlines, (alive_until, name))
@@ -308,27 +360,71 @@ class CapacityIndex:
         stays until :meth:`mark_free`."""
         entry = self._entries.pop(name, None)
         if entry is not None:
-            entry.group._drop(name, entry.ready, name in self._busy, entry.drained)
+            entry.group._drop(name, entry.ready, self._reserved(name), entry.drained)
+            self._unlist_warm(name, entry.group)
+
+    def _restate(self, name: str, change: Callable[[], None]) -> None:
+        """Apply ``change`` (to the busy or warm marks) and move the node between free and busy to match."""
+        before = self._reserved(name)
+        entry = self._entries.get(name)
+        if entry is not None:
+            self._unlist_warm(name, entry.group)
+        change()
+        after = self._reserved(name)
+        if entry is not None:
+            if before != after:
+                entry.group._drop(name, entry.ready, before, entry.drained)
+                entry.group._add(name, entry.ready, after, entry.drained)
+            self._list_warm(name, entry.group)
 
     def mark_busy(self, name: str) -> None:
         """An unfinished Attempt is on ``name`` (known or not yet)."""
-        if name in self._busy:
-            return
-        entry = self._entries.get(name)
-        if entry is not None:
-            entry.group._drop(name, entry.ready, False, entry.drained)
-            entry.group._add(name, entry.ready, True, entry.drained)
-        self._busy.add(name)
+        if name not in self._busy:
+            self._restate(name, lambda: self._busy.add(name))
 
     def mark_free(self, name: str) -> None:
-        """No unfinished Attempt is on ``name`` any more."""
-        if name not in self._busy:
+        """No unfinished Attempt is on ``name`` any more (it may still be kept warm)."""
+        if name in self._busy:
+            self._restate(name, lambda: self._busy.discard(name))
+
+    def mark_warm(self, name: str, warm: Warm | None) -> None:
+        """``name`` is kept warm as ``warm`` says (None: for nobody), until ``warm.until`` at the latest."""
+        if self._warm.get(name) == warm:
             return
-        self._busy.discard(name)
-        entry = self._entries.get(name)
-        if entry is not None:
-            entry.group._drop(name, entry.ready, True, entry.drained)
-            entry.group._add(name, entry.ready, False, entry.drained)
+
+        def change() -> None:
+            if warm is None:
+                self._warm.pop(name, None)
+            else:
+                self._warm[name] = warm
+                heapq.heappush(self._warm_ends, (warm.until, name))
+
+        self._restate(name, change)
+
+    def _list_warm(self, name: str, group: Group) -> None:
+        warm = self._warm.get(name)
+        if warm is not None:
+            group._warm.setdefault(warm.namespace, set()).add(name)
+
+    def _unlist_warm(self, name: str, group: Group) -> None:
+        warm = self._warm.get(name)
+        if warm is not None:
+            names = group._warm.get(warm.namespace)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del group._warm[warm.namespace]
+
+    def next_warm_end(self) -> float | None:
+        """When the soonest warm window runs out (epoch s), None when no node is kept warm."""
+        ends = self._warm_ends
+        while ends:
+            until, name = ends[0]
+            warm = self._warm.get(name)
+            if warm is not None and warm.until == until:
+                return until
+            heapq.heappop(ends)  # ended or renewed since
+        return None
 
     def set_busy(self, names: Iterable[str]) -> None:
         """Make exactly ``names`` busy (a resync from the list of unfinished Attempts)."""
@@ -342,13 +438,19 @@ class CapacityIndex:
         """Nodes whose last heartbeat is older than the grace at ``now`` become not ready; nodes NotReady
         past the unreachable grace leave the index."""
         limit = _ts(now)
+        ends = self._warm_ends
+        while ends and ends[0][0] <= limit:
+            until, name = heapq.heappop(ends)
+            warm = self._warm.get(name)
+            if warm is not None and warm.until == until:  # else ended or renewed since
+                self.mark_warm(name, None)
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] < limit:
             until, name = heapq.heappop(deadlines)
             entry = self._entries.get(name)
             if entry is None or not entry.ready or entry.alive_until != until:
                 continue  # gone, already not ready, or heartbeating since (a later deadline is queued)
-            busy = name in self._busy
+            busy = self._reserved(name)
             entry.group._drop(name, True, busy)
             entry.ready = False
             entry.group._add(name, False, busy)

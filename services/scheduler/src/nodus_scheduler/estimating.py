@@ -42,6 +42,7 @@ from nodus_kit import errors, messaging
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.capacity import UNREACHABLE_GRACE, unreachable
 from nodus_scheduler.cataloging import catalog_for
+from nodus_scheduler.deadlining import with_deadline_warnings
 from nodus_scheduler.placing import REASONS, Placement, demand_of, place, price_book_candidates, request_of
 from nodus_scheduler.recalling import (
     DEFAULT,
@@ -54,6 +55,7 @@ from nodus_scheduler.recalling import (
     history_key,
     run_band,
 )
+from nodus_scheduler.warmplanning import kept_warm, plan_warm, warm_note
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.catalog import GPUS_PER_NODE, Catalog, Offering
 from nodus_schema.costs import BlockingReason, DurationBand, Estimate, EstimateWarning, PlacementPreview
@@ -62,6 +64,7 @@ from nodus_schema.estimating import (
     DEFAULT_ASSEMBLY_RETRIES,
     DEFAULT_ASSEMBLY_TIMEOUT,
     DEFAULT_EXPECTED_DURATION,
+    DEFAULT_MAX_PARALLEL,
     ESTIMATE_SUBJECT,
     EstimateReply,
     EstimateRequest,
@@ -192,15 +195,28 @@ def estimate_slot(
     label: str,
     namespace: str = "",
     history: RunHistory | None = None,
+    warm: dict[str, str] | None = None,
+    cells: int = 1,
+    max_parallel: int | None = None,
 ) -> SlotEstimate:
-    """One slot: its choice of capacity, its bands, and the plan billing prices."""
+    """One slot: its choice of capacity, its bands, and the plan billing prices. ``warm``: the nodes kept
+    warm now, with their project (warmplanning.kept_warm); ``cells`` and ``max_parallel``: a Sweep's."""
     key = history_key(namespace, spec)
     band = run_band(spec, key, history)
-    choice = choose(spec, catalog, nodes, busy, now)
-    startup = startup_of(choice.offering)
     gang, _ = gang_of(spec)
     d = spec.distributed
     completions = spec.completions or 1
+    runs = completions * cells
+    limit = min(max_parallel, runs) if max_parallel else min(spec.parallelism or 1, completions)
+    kept = warm or {}
+    wp = plan_warm(spec, catalog, nodes, kept, namespace, now, runs=runs, limit=limit, gang=gang)
+    if wp.reuse_now is not None:
+        p = wp.reuse_now
+        explain = p.explain + "; warm: kept for this project"
+        choice = Choice(p.offering, explain, p.rate_micros_per_hour, p.interruptible)
+    else:
+        choice = choose(spec, catalog, nodes, busy | set(kept), now)
+    startup = startup_of(choice.offering)
     plan = SlotPlan(
         label=label,
         offering=choice.offering.id if choice.offering else None,
@@ -211,6 +227,10 @@ def estimate_slot(
         parallelism=min(spec.parallelism or 1, completions),
         run=DurationBand(p50=_d(band.p50), p90=_d(band.p90)),
         boot=startup.cold or DurationBand(),
+        warm_boot=startup.warm,
+        warm_starts=wp.warm_starts * gang,
+        warm_window=spec.scaledown_window if wp.tails else None,
+        warm_tails=wp.tails,
         max_cost_usd=spec.max_cost_usd,
     )
     if gang > 1:
@@ -232,6 +252,7 @@ def _cell_slots(
     *,
     namespace: str = "",
     history: RunHistory | None = None,
+    warm: dict[str, str] | None = None,
 ) -> list[SlotEstimate]:
     """One slot per distinct gpu × region of the matrix; params and repetitions only multiply cells."""
     whole = Sweep(metadata=ObjectMeta(namespace=namespace), spec=sweep)
@@ -246,7 +267,17 @@ def _cell_slots(
         spec = cell_job(whole, first).spec
         label = _gpu_label(spec) + (f"/{first.region}" if first.region else "")
         slot = estimate_slot(
-            spec, catalog, nodes, busy, now, label=label, namespace=namespace, history=history
+            spec,
+            catalog,
+            nodes,
+            busy,
+            now,
+            label=label,
+            namespace=namespace,
+            history=history,
+            warm=warm,
+            cells=len(indexes),
+            max_parallel=sweep.max_parallel or DEFAULT_MAX_PARALLEL,
         )
         plan = msgspec.structs.replace(slot.plan, cells=len(indexes), first_cell=first.index)
         out.append(SlotEstimate(plan, slot.choice, slot.band, spec, slot.key, history))
@@ -398,8 +429,8 @@ def _cold_start(slots: list[SlotEstimate], kind: str) -> EstimateWarning | None:
     of the run (cold p90 ≥ COLD_START_SHARE_PERCENT % of the run's p50)."""
     cold: list[tuple[SlotEstimate, timedelta, timedelta]] = []
     for s in slots:
-        if s.choice.offering is None:
-            continue
+        if s.choice.offering is None or s.plan.warm_starts:
+            continue  # (a slot that reuses warm capacity says so in WarmWindow)
         band = startup_of(s.choice.offering).cold
         if band is None or band.p50 is None or band.p90 is None:
             continue
@@ -458,8 +489,15 @@ def _warnings(slots: list[SlotEstimate], kind: str) -> list[EstimateWarning]:
             )
         )
     out += _duration_warnings(slots, kind)
-    out += [w for w in (_cold_start(slots, kind), _interruptible(slots, kind)) if w is not None]
+    notes = (_cold_start(slots, kind), warm_window_note(slots, kind), _interruptible(slots, kind))
+    out += [w for w in notes if w is not None]
     return out
+
+
+def warm_window_note(slots: list[SlotEstimate], kind: str) -> EstimateWarning | None:
+    """WarmWindow: how many starts reuse warm capacity, what the windows after the last runs cost."""
+    warm = [s for s in slots if s.choice.offering is not None and (s.plan.warm_starts or s.plan.warm_tails)]
+    return warm_note([s.plan for s in warm], _which(warm, kind)) if warm else None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -500,7 +538,7 @@ def assemble(kind: str, slots: list[SlotEstimate], catalog: Catalog, now: dateti
             offering=offering.id,
             region_class=offering.region_class,
             interruptible=first.choice.interruptible,
-            warm_reuse=False,  # no warm pool is kept yet: every start is a cold start
+            warm_reuse=any(s.plan.warm_starts > 0 for s in placed),
             explain=explain or first.choice.explain,
         )
     # A Sweep binds one rate: its most expensive cell's, so the +10 % ceiling holds for every cell.
@@ -560,9 +598,11 @@ def estimate(
     now: datetime,
     *,
     history: RunHistory | None = None,
+    warm: dict[str, str] | None = None,
 ) -> EstimateReply:
-    """The whole scheduler estimate for a request, pure given the nodes, the busy set and the history; or,
-    for a spec that names what the catalog does not know, only those names (``invalid``)."""
+    """The whole scheduler estimate for a request, pure given the nodes, the busy set, the nodes kept warm
+    (``warm``: node -> project) and the history; or, for a spec that names what the catalog does not know,
+    only those names (``invalid``)."""
     invalid = unknown_names(request, catalog, nodes)
     if invalid:
         return EstimateReply(invalid=invalid)
@@ -570,11 +610,13 @@ def estimate(
     ns = request.namespace
     if request.kind == "Job" and request.job_spec is not None:
         slot = estimate_slot(
-            request.job_spec, book, nodes, busy, now, label="job", namespace=ns, history=history
+            request.job_spec, book, nodes, busy, now, label="job", namespace=ns, history=history, warm=warm
         )
         reply = assemble("Job", [slot], book, now)
     elif request.kind == "Sweep" and request.sweep_spec is not None:
-        slots = _cell_slots(request.sweep_spec, book, nodes, busy, now, namespace=ns, history=history)
+        slots = _cell_slots(
+            request.sweep_spec, book, nodes, busy, now, namespace=ns, history=history, warm=warm
+        )
         reply = assemble("Sweep", slots, book, now)
     else:
         raise ValueError(f"kind {request.kind!r} needs its spec: Job with jobSpec, or Sweep with sweepSpec")
@@ -583,7 +625,7 @@ def estimate(
         reply = msgspec.structs.replace(
             reply, estimate=msgspec.structs.replace(reply.estimate, warnings=warnings)
         )
-    return reply
+    return with_deadline_warnings(request, reply, now)  # DeadlinePassed, DeadlineAtRisk (issue #21)
 
 
 class Estimator:
@@ -612,7 +654,8 @@ class Estimator:
         attempts = (await self.attempts.list()).items
         busy = {a.spec.node for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
         try:
-            return estimate(request, self.catalog, nodes, busy, now, history=self.history)
+            warm = kept_warm(attempts, now)
+            return estimate(request, self.catalog, nodes, busy, now, history=self.history, warm=warm)
         except (ValueError, OverflowError) as e:  # a spec the gateway should have refused: say so
             raise errors.Invalid(str(e) or type(e).__name__) from None
 

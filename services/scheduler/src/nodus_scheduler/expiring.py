@@ -9,8 +9,11 @@ looked at when it does. Safe to kill at any line: a delete that finds nothing is
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Final
 
+import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_kit.errors import NotFound
@@ -26,6 +29,12 @@ from nodus_schema.meta import parse_time
 def settled(job: Job) -> bool:
     """Whether the Job has nothing to expire: not finished, or no TTL."""
     return job.status.phase not in TERMINAL_PHASES or job.spec.ttl_seconds_after_finished is None
+
+
+WINDOW_RECHECK_S: Final = 1.0
+"""How often an expired Job whose warm windows billing has not captured yet is looked at again."""
+WINDOW_CAPTURE_GRACE_S: Final = 120.0
+"""How long past its TTL such a Job waits for billing before it is deleted all the same."""
 
 
 class Expirer:
@@ -46,6 +55,8 @@ class Expirer:
         left = (parse_time(done) + timedelta(seconds=ttl) - datetime.now(UTC)).total_seconds()
         if left > 0:
             return left
+        if await self._windows_pending(job, -left):
+            return WINDOW_RECHECK_S
         for a in self.world.attempts_of(key):
             with contextlib.suppress(NotFound):
                 self.world.attempts.apply(
@@ -59,3 +70,27 @@ class Expirer:
             self.nc, job, "Expired", f"deleted {ttl}s after it finished (ttlSecondsAfterFinished)"
         )
         return None
+
+    async def _windows_pending(self, job: Job, overdue_s: float) -> bool:
+        """Whether the Job's runs kept nodes warm (scaledownWindow) and billing has not yet charged their
+        windows: the TTL ends an open window now, and the Attempts wait for billing's capture (a deleted
+        Attempt's hold would be released uncharged), at most WINDOW_CAPTURE_GRACE_S."""
+        key = (job.metadata.namespace or "", job.metadata.name or "")
+        kept = [a for a in self.world.attempts_of(key) if a.status.warm_until_ms is not None]
+        now_ms = int(datetime.now(UTC).timestamp() * 1000)
+        for a in kept:
+            if a.status.warm_end_ms is None:
+                self.world.attempts.apply(
+                    await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", _end_at(now_ms))
+                )
+        cost = job.status.cost
+        return bool(kept) and not (cost is not None and cost.final) and overdue_s < WINDOW_CAPTURE_GRACE_S
+
+
+def _end_at(now_ms: int) -> Callable[[Attempt], Attempt | None]:
+    def change(a: Attempt) -> Attempt | None:
+        if a.status.warm_end_ms is not None or a.status.warm_until_ms is None:
+            return None
+        return msgspec.structs.replace(a, status=msgspec.structs.replace(a.status, warm_end_ms=now_ms))
+
+    return change

@@ -97,6 +97,7 @@ from nodus_scheduler.ruling import (
     summarize_gangs,
 )
 from nodus_scheduler.viewing import JobKey, World
+from nodus_scheduler.warming import WarmWindows
 from nodus_schema.attempts import (
     ATTEMPT_TERMINAL,
     GANG_LABEL,
@@ -172,6 +173,8 @@ class Lifecycle:
             fund=self._fund,
             on_bound=lambda key: requeue(key, 0.0),
         )
+        # Nodes kept warm for a project after its runs (scaledownWindow, issue #21): warming.py.
+        self.warm = WarmWindows(world, self.capacity, self.attempts, kick=self.binder.kick)
         world.attempts.add_handler(self._on_attempt)
         world.nodes.add_handler(self._on_node)
         self._tasks: list[asyncio.Task[None]] = []
@@ -184,7 +187,10 @@ class Lifecycle:
     # -- running -------------------------------------------------------------------------------------
     async def start(self) -> None:
         """Start leading: the binder (the informers are the service's, on every replica)."""
-        self._tasks = [asyncio.create_task(self.binder.run(), name="scheduler:binder")]
+        self._tasks = [
+            asyncio.create_task(self.binder.run(), name="scheduler:binder"),
+            asyncio.create_task(self.warm.run(), name="scheduler:warm-windows"),
+        ]
 
     async def stop_leading(self) -> None:
         await cancel_and_wait(self._tasks)
@@ -207,6 +213,7 @@ class Lifecycle:
         # A heartbeat that changes nothing else (most Node writes) is no reason for a pass.
         if before[1] != after[1] or before[0] is None or after[0] is None or before[0].spec != after[0].spec:
             self.binder.kick()
+            self.warm.wake()  # a node kept warm that is no longer Ready ends its window
 
     def _release(self, node: str) -> None:
         """The node is as busy as the store says: busy while it has an unfinished Attempt."""
@@ -214,6 +221,7 @@ class Lifecycle:
             self.capacity.mark_busy(node)
         else:
             self.capacity.mark_free(node)
+        self.warm.refresh(node)  # and kept warm for a project while a finished run's window is open
 
     def settled(self, job: Job) -> bool:
         """A Job with nothing to do until it changes: finished, or suspended (by its spec or billing's block),
@@ -236,6 +244,7 @@ class Lifecycle:
             # The Job was deleted (or its Sweep was): nothing of it may keep running.
             await self._stop(named, StopReason.JOB_DELETED)
             self.binder.drop(key)
+            self.warm.wake()  # a window its runs kept ends with it
             return None
         # A child of the Job's create, whatever event or resync brought it here (ADR-0032).
         with tracing.object_span("reconcile Job", job):
@@ -432,7 +441,13 @@ class Lifecycle:
         shape = shape_of(job.spec)
         if shape is not None:
             return self._choose_gang(job, shape, book, index, attempt_no)
-        choice = place_in(self.capacity, job.spec, book, ceiling_micros=rate_ceiling_of(job.metadata))
+        choice = place_in(
+            self.capacity,
+            job.spec,
+            book,
+            ceiling_micros=rate_ceiling_of(job.metadata),
+            warm_for=job.metadata.namespace or "",
+        )
         if isinstance(choice, NoPlacement):
             return choice.message
         self.capacity.mark_busy(choice.node.metadata.name or "")  # reserved until created or released
@@ -527,6 +542,7 @@ class Lifecycle:
                 rank=rank,
                 gang_size=gang_size,
                 master_node=master_node,
+                warm_from=choice.warm_from,
             ),
             status=AttemptStatus(
                 phase="Pending",
@@ -535,6 +551,7 @@ class Lifecycle:
                     region_class=offering.region_class,
                     interruptible=choice.interruptible,
                     explain=explain,
+                    warm_reuse=choice.warm_from is not None,
                 ),
             ),
         )

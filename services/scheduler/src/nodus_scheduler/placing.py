@@ -118,6 +118,8 @@ class Placement:
     interruptible: bool
     pricebook_version: str
     explain: str = ""
+    warm_from: str | None = None
+    """The finished Attempt whose warm window this placement reuses (the node was kept for the project)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,15 +328,27 @@ def _plan(index: CapacityIndex, d: Demand, book: Catalog) -> _Plan:
 
 
 def place_demand(
-    index: CapacityIndex, demand: Demand, catalog: Catalog, now: datetime | None = None
+    index: CapacityIndex,
+    demand: Demand,
+    catalog: Catalog,
+    now: datetime | None = None,
+    *,
+    warm_for: str | None = None,
 ) -> Placement | NoPlacement:
     """The best free, ready node of ``index`` for ``demand`` at the price book of ``catalog`` (see the module
-    docstring), or why there is none. Does not mark the node busy: the caller does, once it has claimed it."""
+    docstring), or why there is none. Does not mark the node busy: the caller does, once it has claimed it.
+
+    ``warm_for``: the project (namespace) asking. A node kept warm for it that fits goes first, before any
+    free node however well ranked (issue #21: only its container starts there)."""
     index.expire(now or datetime.now(UTC))
     if not len(index):
         return NoPlacement("0/0 nodes: no node agent is registered")
     plan = _plan(index, demand, catalog)
     fits = plan.fits
+    if warm_for is not None:
+        warm = _warm_pick(index, plan, warm_for)
+        if warm is not None:
+            return _placement(index, demand, catalog, plan, *warm)
     i, n = 0, len(fits)
     while i < n:
         order = fits[i][0].order
@@ -352,6 +366,21 @@ def place_demand(
     return NoPlacement(_message(index, plan))
 
 
+def fitting_ready(index: CapacityIndex, demand: Demand, catalog: Catalog) -> int:
+    """How many ready nodes of ``index`` fit ``demand`` (busy or not): the most runs that can go at once."""
+    plan = _plan(index, demand, catalog)
+    return sum(g.total - g.not_ready - g.drained for _, g in plan.fits)
+
+
+def _warm_pick(index: CapacityIndex, plan: _Plan, namespace: str) -> tuple[str, Candidate, Group] | None:
+    """The best-ranked fitting group's node kept warm for ``namespace`` (the smallest name among equals)."""
+    for candidate, group in plan.fits:
+        name = index.first_warm(group, namespace)
+        if name is not None:
+            return name, candidate, group
+    return None
+
+
 def place_in(
     index: CapacityIndex,
     spec: JobSpec,
@@ -359,9 +388,10 @@ def place_in(
     now: datetime | None = None,
     *,
     ceiling_micros: int | None = None,
+    warm_for: str | None = None,
 ) -> Placement | NoPlacement:
     """:func:`place_demand` for a Job spec (and the bound rate of its estimate, :func:`rate_ceiling_of`)."""
-    return place_demand(index, demand_of(spec, ceiling_micros), catalog, now)
+    return place_demand(index, demand_of(spec, ceiling_micros), catalog, now, warm_for=warm_for)
 
 
 def _placement(
@@ -369,6 +399,7 @@ def _placement(
 ) -> Placement:
     node = index.node(name)
     assert node is not None  # a free name is always a known node
+    warm = index.warm(name)
     capacity = "interruptible" if c.interruptible else "on-demand"
     pool = f", pool {group.pool}" if group.pool else ""
     fitting = sum(g.total for _, g in plan.fits)
@@ -379,8 +410,16 @@ def _placement(
         f"profile {d.profile}, interruptible {d.interruptible}; "
         f"{fitting}/{len(index)} nodes fit, {free} free; price book {book.pricebook_version}"
     )
+    if warm is not None:
+        explain += f"; warm: kept for project {warm.namespace} by {warm.keeper}"
     return Placement(
-        node, c.offering, c.rate_micros_per_hour, c.interruptible, book.pricebook_version, explain
+        node,
+        c.offering,
+        c.rate_micros_per_hour,
+        c.interruptible,
+        book.pricebook_version,
+        explain,
+        warm_from=warm.keeper if warm is not None else None,
     )
 
 

@@ -12,6 +12,7 @@ from nodus_kit.informing import Informer
 from nodus_kit.messaging import Delivery
 from nodus_kit.storing import ObjectStore
 from nodus_kit.vouching import REPORT_PREFIX, Forgeries, sender
+from nodus_scheduler.warming import WindowOf, finish_window
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.messages import (
     AttemptCheckpointed,
@@ -50,9 +51,17 @@ class Reports:
     node's agent publish on), the node it names and the Attempt's node agree; any other is dropped and
     counted (nodus_kit.vouching), so one GPU host cannot finish, fail or rate another's runs."""
 
-    def __init__(self, attempts: ObjectStore[Attempt], view: Informer[Attempt] | None = None) -> None:
+    def __init__(
+        self,
+        attempts: ObjectStore[Attempt],
+        view: Informer[Attempt] | None = None,
+        *,
+        window_of: WindowOf | None = None,
+    ) -> None:
         self.attempts = attempts
         self.view = view
+        self.window_of = window_of
+        """The warm window a finishing run opens (warming.WarmWindows.window_of; None: never)."""
         self._turns: dict[tuple[str, str], _Turn] = {}
         self.forgeries = Forgeries("scheduler", "report")
 
@@ -76,7 +85,7 @@ class Reports:
         if cached is not None:
             if not self._genuine(report, node, cached):
                 return
-            changed = apply(cached, report)
+            changed = apply(cached, report, self.window_of)
             if changed is None:
                 return  # already recorded (a redelivery, or a late report after the finish)
             try:
@@ -89,7 +98,7 @@ class Reports:
         def change(a: Attempt) -> Attempt | None:
             if not verdicts:  # judged (and counted) once, however often a lost race reads again
                 verdicts.append(self._genuine(report, node, a))
-            return apply(a, report) if verdicts[0] else None
+            return apply(a, report, self.window_of) if verdicts[0] else None
 
         try:
             self._seen(await self.attempts.mutate(report.namespace, report.attempt, change))
@@ -113,7 +122,9 @@ class _Turn:
         self.users = 0
 
 
-def apply(a: Attempt, report: Report) -> Attempt | None:
+def apply(a: Attempt, report: Report, window_of: WindowOf | None = None) -> Attempt | None:
+    """``a`` with ``report`` recorded, None when nothing changes. ``window_of``: the warm window a finishing
+    run opens, written with the finish (issue #21)."""
     st = a.status
     if st.phase in ATTEMPT_TERMINAL:
         return None
@@ -159,4 +170,7 @@ def apply(a: Attempt, report: Report) -> Attempt | None:
             source=report.source or st.source,
             mounts=list(report.mounts) or st.mounts,
         )
+        window = finish_window(report, window_of(a, phase, report.reason)) if window_of else None
+        if window is not None:
+            st = msgspec.structs.replace(st, warm_since_ms=window[0], warm_until_ms=window[1])
     return msgspec.structs.replace(a, status=st)

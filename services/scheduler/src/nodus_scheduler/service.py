@@ -93,7 +93,7 @@ class SchedulerService(Service):
             durable="scheduler",
             subject="nodus.report.>",
             typ=Report,  # type: ignore[arg-type]
-            handler=Reports(life.attempts, world.attempts).handle,
+            handler=Reports(life.attempts, world.attempts, window_of=life.warm.window_of).handle,
             batch=128,
             concurrent=True,  # reports are idempotent, their writes compare-and-set (reporting.py)
         )

@@ -29,6 +29,10 @@ from nodus_schema.nodes import Node
 JobKey = tuple[str, str]  # (namespace, Job name)
 BY_JOB = "job"
 ACTIVE_ON = "active-on"
+WARM_ON = "warm-on"
+"""Finished Attempts with a warm window not ended early, by node (issue #21; nodus_schema.warmth)."""
+WARM_FROM = "warm-from"
+"""Attempts that reused a warm window, by the keeper's namespace/name."""
 
 
 def job_key(a: Attempt) -> JobKey:
@@ -44,13 +48,23 @@ def _active_on(a: Attempt) -> Iterable[str]:
     return () if a.status.phase in ATTEMPT_TERMINAL else (a.spec.node,)
 
 
+def _warm_on(a: Attempt) -> Iterable[str]:
+    st = a.status
+    return (a.spec.node,) if st.warm_until_ms is not None and st.warm_end_ms is None else ()
+
+
+def _warm_from(a: Attempt) -> Iterable[str]:
+    return (f"{a.metadata.namespace or ''}/{a.spec.warm_from}",) if a.spec.warm_from else ()
+
+
 class World:
     """The informers, and the questions the scheduler asks of them."""
 
     def __init__(self, nc: NATS, *, funding: bool = True) -> None:
         self.jobs = Informer(ObjectStore(nc, "jobs", Job))
         self.attempts = Informer(
-            ObjectStore(nc, "attempts", Attempt), indexers={BY_JOB: _by_job, ACTIVE_ON: _active_on}
+            ObjectStore(nc, "attempts", Attempt),
+            indexers={BY_JOB: _by_job, ACTIVE_ON: _active_on, WARM_ON: _warm_on, WARM_FROM: _warm_from},
         )
         self.nodes = Informer(ObjectStore(nc, "nodes", Node))
         # NODUS_FUNDING=off: a fleet nobody pays for has no funding records to follow.
@@ -92,6 +106,15 @@ class World:
     def active_on(self, node: str) -> int:
         """How many unfinished Attempts the node has (one run per node at a time)."""
         return len(self.attempts.by_index(ACTIVE_ON, node))
+
+    def warm_on(self, node: str) -> list[Attempt]:
+        """Finished Attempts on ``node`` whose warm window was not ended early (it may have run out, or a
+        reuse may have ended it: nodus_schema.warmth decides)."""
+        return self.attempts.by_index(WARM_ON, node)
+
+    def reusers_of(self, keeper: Attempt) -> list[Attempt]:
+        """The Attempts that reused ``keeper``'s warm window."""
+        return self.attempts.by_index(WARM_FROM, f"{keeper.metadata.namespace or ''}/{keeper.metadata.name}")
 
     def busy(self) -> set[str]:
         """Nodes with an active Attempt."""
