@@ -205,7 +205,7 @@ async def test_a_sweep_with_a_scaledown_window_starts_two_cold_and_costs_less(tm
     assert before_warm.cost_usd is not None and before_plain.cost_usd is not None
     assert usd_to_micros(before_warm.cost_usd.p50 or "0") < usd_to_micros(before_plain.cost_usd.p50 or "0")
     note = next(w for w in before_warm.warnings if w.code == "WarmWindow")
-    assert f"{CELLS - 2} of {CELLS} starts" in note.message
+    assert f"{CELLS - 2} of {CELLS} starts" in (note.message or "")
     print(
         f"\nwarm capacity: without a window {micros_to_usd(paid_cold)} USD, with scaledownWindow 5m "
         f"{micros_to_usd(paid_warm)} USD ({len(cold_cells)} cold starts); estimate p50 "
