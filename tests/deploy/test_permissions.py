@@ -202,6 +202,7 @@ GATEWAY_WRITES = (
     "volumes",
     "workspaces",
     "blobs",
+    "serviceaccounts",
 )
 OPERATOR_BUCKETS = tuple(b for b in BUCKETS if b not in ("secrets", "tokens"))
 OPERATOR_STREAMS = tuple(s for s in STREAMS if s != "NODUS_ASSIGNMENTS")

@@ -193,9 +193,7 @@ async def test_an_output_the_node_cannot_collect_is_422_with_a_fix(
 
 
 NOT_HONOURED = [
-    ({"scaledownWindow": "5m"}, "spec.scaledownWindow"),
-    ({"serviceAccountName": "trainer"}, "spec.serviceAccountName"),
-    ({"completeByTime": "2030-01-01T00:00:00Z"}, "spec.completeByTime"),
+    ({"imageRef": "ghcr.io/acme/train@sha256:" + "a" * 64, "image": "busybox"}, "spec.imageRef"),
 ]
 
 

@@ -1,7 +1,9 @@
 """Tenancy: a token with roles in one project can neither read, list, watch, patch nor delete another's.
 
 Two tenants per test (projects ``a-<unique>`` and ``b-<unique>``): alice is an editor in A, bob a viewer
-in B, and the cluster admin creates an object in B first. Every verb is tried across the boundary.
+in B, and the cluster admin creates an object in B first. Every verb is tried across the boundary, for
+every kind a tenant writes (the matrix at the end); the tokens of runs' ServiceAccounts are held to the
+same boundary in test_service_accounts.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 from nats.aio.client import Client as NATS
@@ -268,3 +271,45 @@ async def test_all_namespaces_list_shows_only_permitted_projects(tenants: Tenant
     # The admin sees both (and whatever other tests left in other projects).
     everyone = await tenants.admin.get(f"{V1}/sweeps")
     assert {tenants.a, tenants.b} <= {i["metadata"]["namespace"] for i in everyone.json()["items"]}
+
+
+# -- the matrix: every kind a tenant writes, every verb across the boundary ----------------------------------
+
+KINDS: dict[str, dict[str, Any]] = {
+    "sweeps": {"spec": sweep_body("x")["spec"]},
+    "connections": {"spec": {"type": "S3", "s3": {"endpoint": "https://s3.example.com", "bucket": "bkt"}}},
+    "budgets": {"spec": {"monthlyUSD": "10"}},
+    "volumes": {"spec": {"description": "data"}},
+    "workspaces": {"spec": {}},
+    "serviceaccounts": {"spec": {"role": "editor"}},
+}
+"""A body per kind (its name added), created in B by the cluster admin, then tried by alice (editor in A)
+and bob (viewer in B)."""
+
+
+@pytest.mark.parametrize("plural", KINDS)
+async def test_no_kind_crosses_the_boundary(tenants: Tenants, plural: str) -> None:
+    def body(name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, **KINDS[plural]}
+
+    in_b = f"{V1}/namespaces/{tenants.b}/{plural}"
+    created = await tenants.admin.post(in_b, json=body("theirs"))
+    assert created.status_code == 201, created.text
+    item, merge = f"{in_b}/theirs", {"Content-Type": "application/merge-patch+json"}
+    # alice, an editor in A only: a name in B looks missing, a collection of B is forbidden.
+    assert_reason(await tenants.alice.get(item), 404, "NotFound")
+    label = {"metadata": {"labels": {"a": "b"}}}
+    assert_reason(await tenants.alice.patch(item, json=label, headers=merge), 404, "NotFound")
+    assert_reason(await tenants.alice.delete(item), 404, "NotFound")
+    assert_reason(await tenants.alice.get(in_b), 403, "Forbidden")
+    assert_reason(await tenants.alice.post(in_b, json=body("intruder")), 403, "Forbidden")
+    listed = await tenants.alice.get(f"{V1}/{plural}")
+    assert listed.status_code == 200, listed.text
+    assert tenants.b not in {i["metadata"]["namespace"] for i in listed.json()["items"]}
+    # bob, a viewer in B: reads, never writes.
+    assert (await tenants.bob.get(item)).status_code == 200
+    assert (await tenants.bob.get(in_b)).status_code == 200
+    assert_reason(await tenants.bob.post(in_b, json=body("by-bob")), 403, "Forbidden")
+    assert_reason(await tenants.bob.patch(item, json=label, headers=merge), 403, "Forbidden")
+    assert_reason(await tenants.bob.delete(item), 403, "Forbidden")
+    assert (await tenants.admin.get(item)).status_code == 200

@@ -125,9 +125,6 @@ def test_working_dir_refuses_control_characters() -> None:
 # -- fields accepted in the reference's shape but not honoured: refused, saying what to use instead ---------
 
 UNSUPPORTED: list[tuple[str, str, Any]] = [
-    ("spec.scaledownWindow", "scaledown_window", "5m"),
-    ("spec.serviceAccountName", "service_account_name", "trainer"),
-    ("spec.completeByTime", "complete_by_time", "2030-01-01T00:00:00Z"),
     ("spec.imageRef", "image_ref", "ghcr.io/acme/train@sha256:" + "a" * 64),
     ("spec.network.egress.presets", "network", Network(egress=Egress(presets=["huggingface"]))),
     ("spec.sidecars[0].startupTimeout", "sidecars", [Sidecar(name="proxy", startup_timeout="1m")]),
@@ -171,6 +168,20 @@ def test_a_sweep_template_refuses_them_at_its_own_path(field: str, attr: str, va
         assert [e.reason for e in hits] == [FORB] and NOT_YET.fullmatch(hits[0].message)
 
 
+@pytest.mark.parametrize(
+    "when", ["2030-01-01T00:00:00Z", "1970-01-01T00:00:00Z", "2026-11-30T05:00:00.5+02:00"]
+)
+def test_complete_by_time_is_honoured_so_admitted_even_in_the_past(when: str) -> None:
+    """Issue #21: a finish-by hint for placement and checkpoint cadence; a past one is a warning of the
+    estimate (DeadlinePassed), never a refusal."""
+    job = minimal_job()
+    job.spec.complete_by_time = when
+    assert [e for e in errs_of(job) if e.field == "spec.completeByTime"] == []
+    sweep = full_sweep()
+    sweep.spec.template.spec.complete_by_time = when
+    assert [e for e in validate_sweep(sweep) if e.field == "spec.template.spec.completeByTime"] == []
+
+
 def test_the_input_kinds_refusal_has_the_same_wording() -> None:
     job = msgspec.convert(
         {
@@ -182,11 +193,12 @@ def test_the_input_kinds_refusal_has_the_same_wording() -> None:
     assert NOT_YET.fullmatch(one(errs_of(job), "spec.inputs[0].fromStage").message)
 
 
-def test_a_scaledown_window_of_0s_and_integration_auto_or_none_are_honoured() -> None:
-    job = minimal_job()
-    job.spec.scaledown_window = "0s"
-    job.spec.recovery = Recovery(checkpoint=CheckpointPolicy(integration="None"))
-    assert errs_of(job) == []
+def test_a_scaledown_window_up_to_20m_and_integration_auto_or_none_are_honoured() -> None:
+    for window in ("0s", "5m", "20m"):
+        job = minimal_job()
+        job.spec.scaledown_window = window
+        job.spec.recovery = Recovery(checkpoint=CheckpointPolicy(integration="None"))
+        assert errs_of(job) == [], window
 
 
 def test_the_full_examples_set_nothing_refused() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from nodus_cli.tables import (
     NONE,
@@ -20,7 +21,7 @@ from nodus_cli.tables import (
     wall,
 )
 from nodus_schema import Condition, Cost, Job, JobSpec, ObjectMeta, Sweep
-from nodus_schema.attempts import Attempt, MountRecord, SourceRecord
+from nodus_schema.attempts import Attempt, AttemptStatus, MountRecord, SourceRecord
 from nodus_schema.billing import Budget
 from nodus_schema.validating import count_cells
 from nodus_schema.volumes import Volume, Workspace
@@ -135,10 +136,24 @@ def _attempt_lines(attempts: Sequence[Attempt]) -> list[str]:
     lines = ["Attempts:"]
     for a in sorted(attempts, key=lambda a: (a.spec.index, a.spec.attempt, a.metadata.name or "")):
         phase = f"{a.status.phase} ({a.status.reason})" if a.status.reason else a.status.phase
-        lines.append(f"  {a.metadata.name}  index {a.spec.index}  {phase}  node {a.spec.node or NONE}")
+        warm = f"  warm from {a.spec.warm_from}" if a.spec.warm_from else ""
+        lines.append(f"  {a.metadata.name}  index {a.spec.index}  {phase}  node {a.spec.node or NONE}{warm}")
         lines.append(f"    source:  {source_text(a.status.source)}")
         lines += [f"    mount:   {mount_text(m)}" for m in a.status.mounts]
     return lines
+
+
+def _kept_warm(st: AttemptStatus) -> str:
+    """The warm window a finished run kept its node for (scaledownWindow, ADR-0038)."""
+    if st.warm_since_ms is None or st.warm_until_ms is None:
+        return NONE
+    end = st.warm_end_ms if st.warm_end_ms is not None else st.warm_until_ms
+    how = "ended early" if st.warm_end_ms is not None else "until"
+    return f"{wall(max(0, st.warm_until_ms - st.warm_since_ms) // 1000)} window, {how} {_ms_time(end)}"
+
+
+def _ms_time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def describe_attempt(a: Attempt) -> str:
@@ -153,6 +168,7 @@ def describe_attempt(a: Attempt) -> str:
             ("Node", spec.node or NONE),
             ("Offering", spec.offering or NONE),
             ("GPU", spec.gpu_variant or NONE),
+            ("Warm From", spec.warm_from or NONE),
         ],
     )
     lines += _section(
@@ -165,6 +181,7 @@ def describe_attempt(a: Attempt) -> str:
             ("Wall", wall(st.wall_millis // 1000) if st.wall_millis is not None else NONE),
             ("Source", source_text(st.source)),
             ("Source Time", f"{st.source.millis} ms" if st.source and st.source.millis is not None else NONE),
+            ("Kept Warm", _kept_warm(st)),
         ],
     )
     lines += ["Mounts:", *(f"  {mount_text(m)}" for m in st.mounts)] if st.mounts else ["Mounts:  none"]

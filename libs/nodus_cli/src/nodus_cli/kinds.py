@@ -16,6 +16,7 @@ from nodus_schema.billing import Budget
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
+from nodus_schema.serviceaccounts import ServiceAccount
 from nodus_schema.volumes import Volume, Workspace
 
 
@@ -50,6 +51,7 @@ OFFERING = Kind(
 )
 VOLUME = Kind("Volume", "volume", "volumes", Volume, ("vol",))
 WORKSPACE = Kind("Workspace", "workspace", "workspaces", Workspace, ("ws",))
+SERVICE_ACCOUNT = Kind("ServiceAccount", "serviceaccount", "serviceaccounts", ServiceAccount, ("sa",))
 KINDS: tuple[Kind, ...] = (
     SWEEP,
     JOB,
@@ -61,6 +63,7 @@ KINDS: tuple[Kind, ...] = (
     OFFERING,
     VOLUME,
     WORKSPACE,
+    SERVICE_ACCOUNT,
 )
 COMPUTE_KINDS: tuple[Kind, ...] = (SWEEP, JOB)
 """The kinds with a spec to estimate and a run to wait for."""

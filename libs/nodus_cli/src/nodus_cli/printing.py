@@ -22,6 +22,7 @@ from nodus_cli.kinds import (
     NODE,
     OFFERING,
     SECRET,
+    SERVICE_ACCOUNT,
     SWEEP,
     VOLUME,
     WORKSPACE,
@@ -281,6 +282,7 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     SECRET.kind: (NAME, Column("TYPE", lambda s: s.type), Column("KEYS", _secret_keys), AGE),
     VOLUME.kind: VOLUME_COLUMNS,
     WORKSPACE.kind: WORKSPACE_COLUMNS,
+    SERVICE_ACCOUNT.kind: (NAME, Column("ROLE", lambda a: a.spec.role or NONE), AGE),
 }
 
 

@@ -117,6 +117,7 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket(
         "blobs", "Records of uploaded blobs (tar.zst in the S3 store), key <ns>.<hex> (owner: api-gateway)"
     ),
+    Bucket("serviceaccounts", "ServiceAccount objects: a role runs call the API with (owner: api-gateway)"),
 )
 
 STREAMS: tuple[Stream, ...] = (

@@ -122,6 +122,7 @@ GATEWAY = Access(
         "volumes",
         "workspaces",
         "blobs",
+        "serviceaccounts",
     ),
     lists=(
         "sweeps",
@@ -137,6 +138,7 @@ GATEWAY = Access(
         "volumes",
         "workspaces",
         "blobs",
+        "serviceaccounts",
     ),
     # Nodes: the cluster admin's delete of a record its agent left behind (nodus_gateway.clusterrouting).
     # A delete is a write on the bus (a KV delete marker), so the right is the write of the Node keys.

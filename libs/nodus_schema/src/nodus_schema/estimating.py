@@ -385,10 +385,10 @@ def price(
 
     cost = Σ allocations × (charge(run) + charge(boot)), per band, allocations = nodes × completions ×
     cells; the boot is the warm band for the slot's ``warm_starts``, and each of its ``warm_tails`` adds a
-    whole scaledownWindow (issue #21). The holds are billing's (:func:`nodus_schema.holds.hold_micros` over its funding window
-    ``window_ms``). concurrentHold: for a Job, min(parallelism, completions) slots; for a Sweep
-    (``max_parallel`` set), the maxParallel largest cell holds, since any cells may be the ones running
-    together.
+    whole scaledownWindow (issue #21). The holds are billing's (:func:`nodus_schema.holds.hold_micros`
+    over its funding window ``window_ms``). concurrentHold: for a Job, min(parallelism, completions)
+    slots; for a Sweep (``max_parallel`` set), the maxParallel largest cell holds, since any cells may be
+    the ones running together.
     """
     priced = [(s, _price_slot(s, s.rate_micros_per_hour, window_ms)) for s in slots if s.rate_micros_per_hour]
     if not priced:

@@ -8,7 +8,9 @@ subjects that name the asking node (its credential may publish only its own):
 * ``nodus.rpc.node.<node>.secrets`` (:class:`RunSecretsRequest` -> :class:`RunSecrets`): the Secrets
   and Connections of one Attempt, answered only while that Attempt is bound to ``<node>`` and not
   finished, and only those its Job names (:func:`needs`). It is also how an agent checks that a
-  StartAttempt is about an Attempt that exists and is its own before it runs anything.
+  StartAttempt is about an Attempt that exists and is its own before it runs anything. For a Job with
+  ``spec.serviceAccountName`` the answer carries the run's API token (:class:`ServiceAccountGrant`,
+  ADR-0037): this reply, on the agent's own inbox, is the only bus message that ever holds it.
 * ``nodus.rpc.node.<node>.commit`` (:class:`VolumeCommitRequest` -> :class:`VolumeCommitReply`): a
   writable Volume mount's content, uploaded by the agent as a blob, becomes the Volume's next revision;
   answered only while the Attempt is bound to ``<node>``, its Job mounts that Volume writable and holds
@@ -41,6 +43,7 @@ __all__ = [
     "RetentionRequest",
     "RunSecrets",
     "RunSecretsRequest",
+    "ServiceAccountGrant",
     "VolumeCommitReply",
     "VolumeCommitRequest",
     "commit_subject",
@@ -100,6 +103,22 @@ class RunSecrets(_Message):
     agent's message says which to create)."""
     revisions: list[GrantedRevision] = msgspec.field(default_factory=list)
     """One per Volume the Job mounts (spec.volumes and volume inputs): its pinned revision's blob."""
+    service_account: ServiceAccountGrant | None = None
+    """The run's API token when its Job names a ServiceAccount that exists (else ``ServiceAccount/<name>``
+    is in ``missing``); never logged, never written anywhere but the program's env and files."""
+
+
+class ServiceAccountGrant(_Message):
+    """What a program needs to call the API as its Job's ServiceAccount (ADR-0037)."""
+
+    name: str
+    """The ServiceAccount."""
+    token: str
+    """``nodus-sa.<namespace>.<attempt>.<mac>``: valid while the Attempt runs and the account exists."""
+    url: str
+    """The gateway as runs reach it (NODUS_PUBLIC_URL)."""
+    ca_pem: str | None = None
+    """The CA bundle that signs the gateway's certificate (NODUS_PUBLIC_CA); None: the system's CAs."""
 
 
 class GrantedRevision(_Message):

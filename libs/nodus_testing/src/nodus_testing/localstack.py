@@ -110,6 +110,9 @@ class Stack:
             if short == "gateway":
                 env["NODUS_GATEWAY_TLS_CERT"] = str(tls.cert)
                 env["NODUS_GATEWAY_TLS_KEY"] = str(tls.key)
+                # Runs with a ServiceAccount reach the API on the URL the gateway serves on (127.0.0.1:
+                # the local processes' host) and trust the local CA (ADR-0037).
+                env.setdefault("NODUS_PUBLIC_CA", str(tls.ca))
                 if s3 is not None:
                     # Blobs and Workspace files go into the agents' bucket, under _nodus/ (ADR-0036).
                     env["NODUS_STORE_BUCKET"] = AGENT_BUCKET

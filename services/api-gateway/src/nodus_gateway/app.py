@@ -27,6 +27,8 @@ from nodus_gateway.gitrefs import GitSettings
 from nodus_gateway.logstreaming import log_router
 from nodus_gateway.openapi import openapi_router
 from nodus_gateway.principals import Principals
+from nodus_gateway.reaching import RunAccess
+from nodus_gateway.referencing import ReferenceSettings
 from nodus_gateway.requesting import RequestContext
 from nodus_gateway.resources import Stores, resource
 from nodus_gateway.responding import ApiError, bus_unavailable, status_response
@@ -70,12 +72,15 @@ def build_app(
     auth_limiter: AuthFailureLimiter | None = None,
     store: StoreAccess | None = None,
     git: GitSettings | None = None,
+    run_access: RunAccess | None = None,
 ) -> FastAPI:
     """``principals`` holds minted tokens and projects; without it only the admin token is accepted and
     the projects and tokens endpoints are not served. ``auth_limiter`` counts failed authentications per
     client (authlimits.py; default: its default limits, a new one per app). ``store`` is Nodus's S3 store
     of blobs and Workspace files (storeaccess.py); without it (or its bucket) those endpoints answer 503.
-    ``git``: how admission asks git hosts about spec.source.git (gitrefs.py; default: GitHub)."""
+    ``git``: how admission asks git hosts about spec.source.git (gitrefs.py; default: GitHub).
+    ``run_access``: the URL runs reach the API at (reaching.py); without one, Jobs and Sweeps that name a
+    ServiceAccount are refused at admission (ADR-0037)."""
     limiter = auth_limiter if auth_limiter is not None else AuthFailureLimiter()
     # FastAPI's own OpenAPI and docs pages are off: kubectl reads /openapi/v2 and /openapi/v3 in
     # Kubernetes' shape, which the full API serves with discovery.
@@ -93,7 +98,7 @@ def build_app(
         max_body_bytes=max_body_bytes,
         principals=principals,
         store=store,
-        git=git or GitSettings(),
+        refs=ReferenceSettings(git or GitSettings(), (run_access or RunAccess()).url),
     )
     for router in routers:
         app.include_router(router)
@@ -123,7 +128,7 @@ def _routers(
     max_body_bytes: int,
     principals: Principals | None,
     store: StoreAccess | None = None,
-    git: GitSettings | None = None,
+    refs: ReferenceSettings | None = None,
 ) -> list[APIRouter]:
     """Every router of the app, in the order their routes are matched."""
     routers = [
@@ -144,7 +149,7 @@ def _routers(
         blob_router(stores, store),
         workspace_file_router(stores, store),
         volume_router(stores, store, max_body_bytes=max_body_bytes),
-        *api_routers(stores, max_body_bytes=max_body_bytes, git=git or GitSettings()),
+        *api_routers(stores, max_body_bytes=max_body_bytes, refs=refs or ReferenceSettings()),
     ]
     if principals is not None:
         routers.append(admin_router(principals, stores, max_body_bytes=max_body_bytes))

@@ -4,8 +4,9 @@ Checking before routing means a caller without a valid token learns nothing abou
 (every path is 401, not 404). The health and version endpoints stay open, as Kubernetes'
 system:public-info-viewer leaves them.
 
-Two kinds of bearer token are accepted: the bootstrap NODUS_ADMIN_TOKEN (the cluster admin), and tokens
-minted through ``POST /apis/nodus.dev/v1/tokens`` (looked up by digest in :mod:`nodus_gateway.principals`).
+Three kinds of bearer token are accepted: the bootstrap NODUS_ADMIN_TOKEN (the cluster admin), tokens
+minted through ``POST /apis/nodus.dev/v1/tokens`` (looked up by digest in :mod:`nodus_gateway.principals`),
+and the tokens of runs that call the API as their Job's ServiceAccount (:mod:`nodus_gateway.minting`).
 The principal goes into ``scope["state"]["principal"]`` for :func:`nodus_gateway.authorizing.principal_of`.
 A token is never logged: neither this module nor the access log writes the Authorization header.
 
@@ -34,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nodus_gateway.authlimits import AuthFailureLimiter
 from nodus_gateway.authorizing import ADMIN, Principal, decide
+from nodus_gateway.minting import is_run_token
 from nodus_gateway.principals import TOKEN_PREFIX, Expired, Principals
 from nodus_gateway.responding import ApiError, bus_unavailable, status_response
 from nodus_schema import API_VERSION
@@ -155,7 +157,8 @@ class BearerAuth:
             scope.setdefault("state", {})["principal"] = ADMIN
             await self.app(scope, receive, send)
             return
-        if retry_after is not None and (self.principals is None or not given.startswith(TOKEN_PREFIX)):
+        unguessable = given.startswith(TOKEN_PREFIX) or is_run_token(given)  # 256 random or MAC bits
+        if retry_after is not None and (self.principals is None or not unguessable):
             # Limited: not compared at all, so a right guess of the admin token looks like a wrong one.
             self.limiter.failed(scope)
             await self.too_many(retry_after, scope, receive, send)

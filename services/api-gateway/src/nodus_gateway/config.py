@@ -12,6 +12,7 @@ import msgspec
 
 from nodus_gateway.authlimits import DEFAULT_FAILURES, DEFAULT_MAX_CLIENTS, DEFAULT_WINDOW_S
 from nodus_gateway.gitrefs import GitSettings
+from nodus_gateway.reaching import PublicSettings, RunAccess, run_access
 from nodus_gateway.storeaccess import StoreSettings
 from nodus_kit.configuring import SettingError, read_settings
 
@@ -49,6 +50,8 @@ class GatewayConfig:
     """Nodus's own S3 store, for blobs and Workspace files (storeaccess.py)."""
     git: GitSettings = field(default_factory=GitSettings)
     """How admission asks git hosts about spec.source.git (gitrefs.py)."""
+    run_access: RunAccess = field(default_factory=RunAccess)
+    """The URL and CA a run with a ServiceAccount is given (reaching.py, ADR-0037)."""
 
     @property
     def tls(self) -> bool:
@@ -61,7 +64,8 @@ class GatewayConfig:
         authentication: NODUS_GATEWAY_AUTH_FAILURES, NODUS_GATEWAY_AUTH_WINDOW_S,
         NODUS_GATEWAY_AUTH_MAX_CLIENTS and NODUS_GATEWAY_TRUSTED_PROXIES (docs/tokens.md), the store
         of blobs and Workspace files (NODUS_STORE_BUCKET and the rest of storeaccess.StoreSettings), and
-        the git hosts admission asks (NODUS_GIT_HOST and the rest of gitrefs.GitSettings)."""
+        the git hosts admission asks (NODUS_GIT_HOST and the rest of gitrefs.GitSettings), and how runs
+        reach the API (NODUS_PUBLIC_URL, NODUS_PUBLIC_CA: reaching.py)."""
         token = env.get("NODUS_ADMIN_TOKEN", "").strip()
         if not token:
             # Starting without a token would mean either refusing every call or accepting anyone's, and
@@ -79,9 +83,11 @@ class GatewayConfig:
         if not 0 <= port <= 65535:
             raise ConfigError(f"NODUS_GATEWAY_PORT={port} is not between 0 and 65535")
         cert, key = _tls_files(env)
+        host = env.get("NODUS_GATEWAY_HOST", DEFAULT_HOST)
+        public = _read(PublicSettings, env)
         return cls(
             admin_token=token,
-            host=env.get("NODUS_GATEWAY_HOST", DEFAULT_HOST),
+            host=host,
             port=port,
             tls_cert=cert,
             tls_key=key,
@@ -91,6 +97,7 @@ class GatewayConfig:
             trusted_proxies=_trusted_proxies(env),
             store=_read(StoreSettings, env),
             git=_read(GitSettings, env),
+            run_access=run_access(public, host=host, port=port, tls=cert is not None),
         )
 
 

@@ -12,6 +12,10 @@ reads no Volume), and ``nodus.rpc.node.<node>.commit`` makes a writable mount's 
 Volume's next revision, under the same checks plus: the Job mounts that Volume writable, holds its writer
 claim (referencing.py), and the blob is in the store with the size the agent says. A repeated commit (same
 Attempt, same digest) answers the revision it made.
+
+ServiceAccounts (ADR-0037): for a Job with ``spec.serviceAccountName`` the answer carries the run's API
+token, URL and CA (minting.py): derived now from the Attempt and the account, the same again when asked
+again, stored nowhere. A missing account (or a gateway with no URL for runs) is named in ``missing``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from nodus_gateway.blobbing import blob_exists, record_blob
+from nodus_gateway.minting import Issuer
 from nodus_gateway.referencing import writable
 from nodus_gateway.resources import Stores
 from nodus_gateway.storeaccess import StoreAccess, is_store_error
@@ -49,6 +54,7 @@ from nodus_schema.noding import (
     needs,
     node_of_subject,
 )
+from nodus_schema.serviceaccounts import ServiceAccount
 from nodus_schema.volumes import Volume, VolumeWriter, blob_key, revision_of
 
 log = logging.getLogger(__name__)
@@ -62,21 +68,26 @@ _RunRequest = RunSecretsRequest | VolumeCommitRequest
 
 class NodeAccess:
     """The answers; ``stores`` are the gateway's (by plural), ``access`` its S3 store (commits HEAD the
-    uploaded blob there; without one, the blob's record must exist)."""
+    uploaded blob there; without one, the blob's record must exist), ``issuer`` mints runs' ServiceAccount
+    tokens (without one, a Job's ServiceAccount is reported missing)."""
 
-    def __init__(self, stores: Stores, access: StoreAccess | None = None) -> None:
+    def __init__(
+        self, stores: Stores, access: StoreAccess | None = None, issuer: Issuer | None = None
+    ) -> None:
         self.stores = stores
         self.attempts: ObjectStore[Attempt] = stores["attempts"]
         self.jobs: ObjectStore[Job] = stores["jobs"]
         self.secrets: ObjectStore[Secret] = stores["secrets"]
         self.connections: ObjectStore[Connection] = stores["connections"]
         self.volumes: ObjectStore[Volume] = stores["volumes"]
+        self.accounts: ObjectStore[ServiceAccount] = stores["serviceaccounts"]
         self.access = access
+        self.issuer = issuer
         self.refused = Forgeries("gateway", "node-access")
 
     async def run_secrets(self, req: RunSecretsRequest, subject: str) -> RunSecrets:
         node = node_of_subject(subject) or ""
-        job = await self._run(node, req, "the secrets")
+        attempt, job = await self._bound(node, req, "the secrets")
         secret_names, connection_names = needs(job.spec)
         out = RunSecrets(job=job.metadata.name or "", job_uid=job.metadata.uid or "")
         for name in sorted(connection_names):
@@ -93,7 +104,26 @@ class NodeAccess:
             except errors.NotFound:
                 out.missing.append(f"Secret/{name}")
         await self._grant_revisions(req.namespace, job.spec, out)
+        await self._grant_account(req.namespace, attempt, job.spec.service_account_name, out)
         return out
+
+    async def _grant_account(
+        self, namespace: str, attempt: Attempt, name: str | None, out: RunSecrets
+    ) -> None:
+        """The run's ServiceAccount token (never logged): the account must exist and the gateway have a URL
+        for runs; else ``ServiceAccount/<name>`` is missing, and the agent fails the run saying so."""
+        if name is None:
+            return
+        try:
+            account = await self.accounts.get(namespace, name)
+        except errors.NotFound:
+            out.missing.append(f"ServiceAccount/{name}")
+            return
+        grant = self.issuer.grant(namespace, attempt, account) if self.issuer is not None else None
+        if grant is None:
+            log.warning("no URL for runs (NODUS_PUBLIC_URL): ServiceAccount %s/%s not given", namespace, name)
+            out.missing.append(f"ServiceAccount/{name}")
+        out.service_account = grant
 
     async def _grant_revisions(self, namespace: str, spec: JobSpec, out: RunSecrets) -> None:
         """Each Volume revision the run mounts: the pinned one (admission pinned every read-only use), or
@@ -173,8 +203,11 @@ class NodeAccess:
         return size == req.size_bytes
 
     async def _run(self, node: str, req: _RunRequest, what: str) -> Job:
-        """The Job of the request's Attempt, which must be bound to ``node``, unfinished, and of that Job
-        (not of an earlier one of the same name); else the refusal."""
+        return (await self._bound(node, req, what))[1]
+
+    async def _bound(self, node: str, req: _RunRequest, what: str) -> tuple[Attempt, Job]:
+        """The request's Attempt and its Job: the Attempt must be bound to ``node``, unfinished, and of that
+        Job (not of an earlier one of the same name); else the refusal."""
         try:
             attempt = await self.attempts.get(req.namespace, req.attempt)
         except errors.NotFound:
@@ -190,7 +223,7 @@ class NodeAccess:
         uid = attempt.metadata.labels.get(JOB_UID_LABEL)
         if uid is not None and job.metadata.uid != uid:
             raise self._refuse(node, req, what, "its Job was re-created")
-        return job
+        return attempt, job
 
     def _refuse(self, node: str, req: _RunRequest, what: str, why: str) -> errors.NotFound:
         self.refused.count(node, f"asked for {what} of {req.namespace}/{req.attempt}: {why}")
@@ -218,9 +251,11 @@ def _volume_uses(spec: JobSpec) -> list[tuple[str, int | None, bool]]:
     return list(dict.fromkeys(uses))
 
 
-async def serve_nodes(nc: NATS, stores: Stores, store_access: StoreAccess | None = None) -> list[Any]:
+async def serve_nodes(
+    nc: NATS, stores: Stores, store_access: StoreAccess | None = None, issuer: Issuer | None = None
+) -> list[Any]:
     """Subscribe the endpoints (a queue group: every gateway replica answers its share)."""
-    access = NodeAccess(stores, store_access)
+    access = NodeAccess(stores, store_access, issuer)
     return [
         await messaging.serve_subject(
             nc, SECRETS_SUBJECT, RunSecretsRequest, access.run_secrets, queue=QUEUE, concurrency=16

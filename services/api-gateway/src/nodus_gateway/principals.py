@@ -6,6 +6,9 @@ tokens nor lets anyone test guesses offline without the pepper too. The token's 
 ``tokens`` bucket, is the start of that digest: a lookup is one direct get, and the full digest is then
 compared in constant time.
 
+Tokens of runs that call the API as their Job's ServiceAccount (``nodus-sa.``..., ADR-0037) are checked by
+:mod:`nodus_gateway.minting` against the run's Attempt and account, and cached for at most a second.
+
 Lookups are cached for a few seconds (NODUS_TOKEN_CACHE_TTL_S, default 5) so a request does not wait on
 the bus. Revoking a token drops it from this gateway's cache at once; another gateway replica may accept
 it until its cached entry expires, so a revocation takes effect everywhere within the TTL.
@@ -35,6 +38,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_gateway.authorizing import Principal
 from nodus_gateway.config import ConfigError
+from nodus_gateway.minting import LIVENESS_TTL_S, ServiceAccountTokens, is_run_token, token_key
 from nodus_kit import errors as kit
 from nodus_kit.keying import Page
 from nodus_kit.storing import ObjectStore
@@ -213,6 +217,9 @@ class Principals:
         self.tokens: ObjectStore[TokenRecord] = ObjectStore(nc, TOKENS_BUCKET, TokenRecord)
         self.projects: ObjectStore[Project] = ObjectStore(nc, PROJECTS_BUCKET, Project)
         self.cache = TokenCache(cache_ttl_s, clock=clock)
+        self.service_accounts = ServiceAccountTokens(nc, token_key(pepper))
+        # A run's token lives only while its run does: never cached longer than a second.
+        self.run_cache = TokenCache(min(cache_ttl_s, LIVENESS_TTL_S), clock=clock)
 
     @classmethod
     def from_env(cls, nc: NATS, env: Mapping[str, str], admin_token: str) -> Principals:
@@ -225,7 +232,9 @@ class Principals:
 
     async def authenticate(self, secret: str) -> Principal | Expired | None:
         """The principal a minted token speaks for; EXPIRED once it has expired; None if it is unknown or
-        revoked."""
+        revoked. A run's token: its ServiceAccount while the run is live (minting.py), else None."""
+        if is_run_token(secret):
+            return await self._run_principal(secret)
         if not secret.startswith(TOKEN_PREFIX):
             return None  # not one of ours: no bus trip, and nothing to cache
         digest = self.digest(secret)
@@ -238,6 +247,16 @@ class Principals:
         # Compared on every request, cached or not: the cache must not stretch a token's life.
         if principal is not None and principal.expires_at is not None and principal.expires_at <= self.now():
             return EXPIRED
+        return principal
+
+    async def _run_principal(self, secret: str) -> Principal | None:
+        # Keyed by a digest, as minted tokens are: no token is a key of a long-lived dict.
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        cached = self.run_cache.get(digest)
+        if cached is not None:
+            return cached.principal
+        principal = await self.service_accounts.authenticate(secret)
+        self.run_cache.put(digest, principal)
         return principal
 
     async def _lookup(self, digest: str) -> Principal | None:

@@ -10,6 +10,7 @@ Sweep's ``spec.template.spec``, it checks:
   mount or a volume input without a revision gets the latest one **written into the returned object**
   (pinning: a restart never switches data under a running Job, and every cell of a Sweep reads the same);
 * ``inputs[i].fromWorkspace``: the Workspace exists;
+* ``serviceAccountName``: the ServiceAccount exists, and the gateway has a URL to give runs (ADR-0037);
 
 and answers one 422 listing every problem at its wire path. A writable mount's Volume held by another
 unfinished Job is a 409 Conflict naming it.
@@ -70,6 +71,24 @@ TOUCH_EVERY: Final = timedelta(hours=1)
 """A blob's lastUsedTime is moved at most this often: expiry counts in days, and a burst of creates naming
 one blob must not write its record each time."""
 _LISTED_REVISIONS: Final = 10
+ACCOUNT_FIX: Final = (
+    "create it: kind ServiceAccount, metadata.name {name}, spec.role viewer or editor, in project {ns} "
+    "(`nodus apply -f` a manifest, or POST /apis/nodus.dev/v1/namespaces/{ns}/serviceaccounts); or drop "
+    "serviceAccountName"
+)
+NO_URL_FIX: Final = (
+    "this gateway has no URL to give runs: its operator sets NODUS_PUBLIC_URL (and NODUS_PUBLIC_CA for a "
+    "private CA); until then leave serviceAccountName out"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReferenceSettings:
+    """What admission's reads of other objects need besides the stores: how to ask git hosts, and the URL
+    runs reach the API at (None: Jobs that name a ServiceAccount are refused; nodus_gateway.reaching)."""
+
+    git: GitSettings = field(default_factory=GitSettings)
+    run_url: str | None = None
 
 
 # -- where the JobSpec is ------------------------------------------------------------------------------------
@@ -215,6 +234,21 @@ async def _blob(check: _Check, path: Path, digest: str) -> None:
             f"Not found: {digest!r}: the project has no such blob; "
             + BLOB_FIX.format(ns=check.namespace, digest=digest),
         )
+
+
+async def _account(check: _Check, path: Path, name: str, run_url: str | None) -> str | None:
+    """The fix of a cause on ``serviceAccountName`` (the account is missing, or runs could not reach the
+    API with it), None when it is fine."""
+    if run_url is None:
+        check.add(path, CauseType.FORBIDDEN, f"Forbidden: {name!r}: {NO_URL_FIX}")
+        return NO_URL_FIX
+    try:
+        await check.stores["serviceaccounts"].get(check.namespace, name)
+    except kit.NotFound:
+        message = f"Not found: {name!r}: the project has no ServiceAccount {name!r}"
+        check.add(path, CauseType.NOT_FOUND, message)
+        return ACCOUNT_FIX.format(name=name, ns=check.namespace)
+    return None
 
 
 # -- git -----------------------------------------------------------------------------------------------------
@@ -387,11 +421,12 @@ def _older(stamp: str, than: datetime) -> bool:
 
 # -- the entry points ----------------------------------------------------------------------------------------
 async def resolve(
-    stores: Stores, settings: GitSettings, namespace: str, obj: Any, *, dry_run: bool = False
+    stores: Stores, settings: ReferenceSettings, namespace: str, obj: Any, *, dry_run: bool = False
 ) -> Any:
     """``obj`` (an admitted Job or Sweep; anything else is returned as it is) with its Volume revisions
     pinned; raises 422 Invalid with every problem, or 409 Conflict for a Volume another Job writes.
-    ``settings``: how to ask git hosts. A dry run touches no blob record."""
+    ``settings``: how to ask git hosts, and the URL runs reach the API at. A dry run touches no blob
+    record."""
     where = spec_at(obj)
     if where is None:
         return obj
@@ -402,24 +437,32 @@ async def resolve(
     if git is not None:
         # Started first: the ls-remote runs while the store is read.
         gp = path.child("source").child("git")
-        git_check = asyncio.ensure_future(_git(check, gp, git, spec.connections, settings))
+        git_check = asyncio.ensure_future(_git(check, gp, git, spec.connections, settings.git))
+    fix = None
     try:
         if spec.source is not None and spec.source.blob is not None:
             await _blob(check, path.child("source").child("blob"), spec.source.blob)
         mounts = [await _mount(check, path.child("volumes").index(i), m) for i, m in enumerate(spec.volumes)]
         inputs = [await _input(check, path.child("inputs").index(i), x) for i, x in enumerate(spec.inputs)]
+        if spec.service_account_name is not None:
+            account_path = path.child("serviceAccountName")
+            fix = await _account(check, account_path, spec.service_account_name, settings.run_url)
     finally:
         if git_check is not None:
             await git_check
     name = obj.metadata.name or obj.metadata.generate_name
+    res = resource("jobs" if isinstance(obj, Job) else "sweeps")
     if check.causes:
-        raise invalid(resource("jobs" if isinstance(obj, Job) else "sweeps"), name, check.causes)
+        err = invalid(res, name, check.causes)
+        if fix is not None:  # the account's own fix, where Invalid's general one would say less
+            err = ApiError(msgspec.structs.replace(err.status, fix=fix))
+        raise err
     if isinstance(obj, Job):
         await _check_writers(check, obj.metadata.name, spec)
     if not dry_run:
         expired = await _touch(stores, namespace, spec, path.child("source").child("blob"))
         if expired:
-            raise invalid(resource("jobs" if isinstance(obj, Job) else "sweeps"), name, expired)
+            raise invalid(res, name, expired)
     return with_spec(obj, msgspec.structs.replace(spec, volumes=mounts, inputs=inputs))
 
 

@@ -45,6 +45,12 @@ from nodus_schema.defaulting import default_job, default_sweep
 from nodus_schema.listing import AttemptList, NodeList
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering, OfferingList
+from nodus_schema.serviceaccounts import (
+    MAX_SERVICE_ACCOUNT_NAME,
+    ServiceAccount,
+    ServiceAccountList,
+    validate_service_account,
+)
 from nodus_schema.validating import (
     MAX_BUDGET_NAME,
     MAX_JOB_NAME,
@@ -293,6 +299,21 @@ RESOURCES: tuple[Resource, ...] = (
         verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
         # files: the home's files, listed, written, read and deleted (volumeapi.py).
         subresources=("files",),
+    ),
+    Resource(
+        plural="serviceaccounts",
+        singular="serviceaccount",
+        kind="ServiceAccount",
+        bucket="serviceaccounts",
+        object_type=ServiceAccount,
+        list_type=ServiceAccountList,
+        # Written as sent: a role, and no secret (a run's token is derived when its grant is asked for,
+        # nodus_gateway.minting; ADR-0037). No status: its creationTimestamp is all there is to say.
+        default=_unchanged,
+        validate=validate_service_account,
+        max_name=MAX_SERVICE_ACCOUNT_NAME,
+        short_names=("sa",),
+        categories=NODUS_ONLY,
     ),
     _read_only(
         "nodes",

@@ -50,7 +50,6 @@ from nodus_gateway.admitting import (
 from nodus_gateway.authorizing import authorize, visible_namespaces
 from nodus_gateway.deleting import delete_object, delete_options
 from nodus_gateway.estimating import COMPUTE_KINDS, ask, estimable, estimate_for
-from nodus_gateway.gitrefs import GitSettings
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
 from nodus_gateway.querying import (
     DryRunQ,
@@ -65,6 +64,7 @@ from nodus_gateway.querying import (
     WriteQ,
     dry_run_of,
 )
+from nodus_gateway.referencing import ReferenceSettings as Refs
 from nodus_gateway.resources import RESOURCES, Resource, Stores
 from nodus_gateway.responding import ApiError, already_exists, not_found, object_response, store_errors
 from nodus_gateway.selecting import FieldSelector, parse_field_selector
@@ -296,10 +296,10 @@ def _resource_version(data: Any) -> str | None:
 class _Routes:
     """The handlers of one resource; :func:`resource_router` mounts them."""
 
-    def __init__(self, res: Resource, stores: Stores, max_body_bytes: int, git: GitSettings) -> None:
+    def __init__(self, res: Resource, stores: Stores, max_body_bytes: int, refs: Refs) -> None:
         self.res, self.stores, self.max_body_bytes = res, stores, max_body_bytes
         self.store = stores[res.plural]
-        self.git = git
+        self.refs = refs
 
     # -- create ---------------------------------------------------------------------------------------
     async def create(self, namespace: str, request: Request, opts: WriteQ) -> Response:
@@ -323,7 +323,7 @@ class _Routes:
         return admitted_response(self.res, created, admitted.warnings, 201, headers)
 
     async def _referenced(self, admitted: Admitted, namespace: str, *, dry_run: bool) -> Admitted:
-        obj = await referencing.resolve(self.stores, self.git, namespace, admitted.obj, dry_run=dry_run)
+        obj = await referencing.resolve(self.stores, self.refs, namespace, admitted.obj, dry_run=dry_run)
         return Admitted(obj, admitted.warnings)
 
     async def _estimated(self, admitted: Admitted, *, dry_run: bool) -> Estimated:
@@ -658,9 +658,9 @@ class _Routes:
         return bodies.parse(body, bodies.media_type(request)) if body.strip() else None
 
 
-def resource_router(res: Resource, stores: Stores, *, max_body_bytes: int, git: GitSettings) -> APIRouter:
+def resource_router(res: Resource, stores: Stores, *, max_body_bytes: int, refs: Refs) -> APIRouter:
     """The routes of one resource, for the verbs its row lists (any other method answers 405)."""
-    routes = _Routes(res, stores, max_body_bytes, git)
+    routes = _Routes(res, stores, max_body_bytes, refs)
     collection = f"{API_PREFIX}/namespaces/{{namespace}}/{res.plural}"
     item = f"{collection}/{{name}}"
     router = APIRouter(tags=[res.plural])
@@ -688,12 +688,12 @@ def resource_router(res: Resource, stores: Stores, *, max_body_bytes: int, git: 
     return router
 
 
-def api_routers(stores: Stores, *, max_body_bytes: int, git: GitSettings) -> list[APIRouter]:
-    """One router per resource this module serves, in the resource table's order. ``git``: how admission
-    asks git hosts (referencing.py)."""
+def api_routers(stores: Stores, *, max_body_bytes: int, refs: Refs) -> list[APIRouter]:
+    """One router per resource this module serves, in the resource table's order. ``refs``: what
+    admission's reads of other objects need (git hosts, the URL runs reach the API at; referencing.py)."""
     # Rows served by other modules (clusterrouting, secreting) have routes of their own.
     return [
-        resource_router(res, stores, max_body_bytes=max_body_bytes, git=git)
+        resource_router(res, stores, max_body_bytes=max_body_bytes, refs=refs)
         for res in RESOURCES
         if res.served_by == "routing" and res.namespaced
     ]

@@ -12,6 +12,7 @@ from nodus_gateway.app import build_app
 from nodus_gateway.authlimits import AuthFailureLimiter
 from nodus_gateway.blobreaping import BlobReaper
 from nodus_gateway.config import GatewayConfig
+from nodus_gateway.minting import Issuer, token_key
 from nodus_gateway.noding import serve_nodes
 from nodus_gateway.principals import Principals, cache_ttl_of, pepper_of
 from nodus_gateway.resources import stores_for
@@ -41,8 +42,10 @@ class GatewayService(Service):
     async def start(self) -> None:
         stores = stores_for(self.bus)
         # Node agents' requests first (the Node authorizer): an agent waits for them to run anything.
-        # The commit of a writable mount HEADs the agent's upload in the store (noding.py).
-        self.endpoints = await serve_nodes(self.bus, stores, self.store)
+        # The commit of a writable mount HEADs the agent's upload in the store (noding.py); a run whose Job
+        # names a ServiceAccount gets its token, URL and CA (minting.py, ADR-0037).
+        issuer = Issuer(token_key(self.token_pepper), self.config.run_access)
+        self.endpoints = await serve_nodes(self.bus, stores, self.store, issuer)
         app = build_app(
             stores,
             admin_token=self.config.admin_token,
@@ -54,6 +57,7 @@ class GatewayService(Service):
             ),
             store=self.store,
             git=self.config.git,
+            run_access=self.config.run_access,
         )
         self.server = ApiServer(
             app,
@@ -70,7 +74,12 @@ class GatewayService(Service):
             self._reaping = asyncio.create_task(reaper.run(), name="gateway:blob-expiry")
         log.info(
             "API listening",
-            extra={"url": self.server.url, "tls": self.config.tls, "store": self.config.store.bucket},
+            extra={
+                "url": self.server.url,
+                "tls": self.config.tls,
+                "store": self.config.store.bucket,
+                "runs_reach": self.config.run_access.url,
+            },
         )
 
     async def stop(self) -> None:

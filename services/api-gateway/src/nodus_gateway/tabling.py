@@ -268,6 +268,11 @@ def volume_writer(obj: JSONObject, _: datetime) -> Cell:
     return f"job/{job}" if isinstance(job, str) and job else NONE
 
 
+def account_role(obj: JSONObject, _: datetime) -> Cell:
+    role = _get(obj, "spec", "role")
+    return role if isinstance(role, str) and role else NONE
+
+
 def workspace_files(obj: JSONObject, _: datetime) -> Cell:
     files = _get(obj, "status", "files")
     return files if isinstance(files, int) and not isinstance(files, bool) else 0
@@ -346,6 +351,11 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
         Column(
             "Writer", "string", "The Job that may commit the next revision (status.writer).", volume_writer
         ),
+        AGE,
+    ),
+    "ServiceAccount": (
+        NAME,
+        Column("Role", "string", "What the project's runs may do with it (spec.role).", account_role),
         AGE,
     ),
     "Workspace": (

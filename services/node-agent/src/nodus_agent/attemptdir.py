@@ -8,6 +8,8 @@
     report.jsonl   NODUS_REPORT   (the program appends throughput lines)
     log.txt        the program's stdout and stderr
     secrets/       NODUS_SECRETS  (/nodus/secrets: one folder per mounted Secret, files 0400)
+    serviceaccount/ NODUS_SA_DIR  (/nodus/serviceaccount: the run's API token and CA, ADR-0037; deleted
+                   when the attempt ends)
     src/           NODUS_SRC      (the checkout of spec.source, ADR-0036; at /nodus/src by default)
     mounts/        NODUS_MOUNTS   (process runtime: links standing for mounts, at their paths below it)
     plan.json      what was mounted and checked out (a re-adopted run still commits and reports it)
@@ -96,6 +98,11 @@ class AttemptDir:
     def secrets(self) -> Path:
         """``/nodus/secrets``: one directory per mounted Secret, one file per key (mode 0400)."""
         return self.root / "secrets"
+
+    @property
+    def serviceaccount(self) -> Path:
+        """``/nodus/serviceaccount``: the run's API token and the gateway's CA (ADR-0037), files 0400."""
+        return self.root / "serviceaccount"
 
     @property
     def src(self) -> Path:

@@ -2,7 +2,8 @@
 
 This module turns a StartAttempt into a :class:`~nodus_agent.containerspec.ContainerSpec`: the Job's image,
 command and args (Kubernetes' ENTRYPOINT/CMD rule), the env contract with ``/nodus/...`` paths, the
-attempt's folders mounted (inputs read-only), Secrets mounted read-only at ``/nodus/secrets/<name>``,
+attempt's folders mounted (inputs read-only), Secrets mounted read-only at ``/nodus/secrets/<name>``, a
+ServiceAccount's token and CA read-only at ``/nodus/serviceaccount`` (ADR-0037),
 the checkout of ``spec.source`` and the Volume mounts bound at their paths (ADR-0036: in the init container
 and the sidecars too; the checkout is the working directory unless ``workingDir`` is set), the Job's CPU
 and memory floors as limits, this node's GPUs, the egress policy, the init command and
@@ -44,6 +45,7 @@ from nodus_agent.containerspec import (
 )
 from nodus_agent.dockerapi import DockerError, RegistryAuth
 from nodus_agent.granting import Grants
+from nodus_agent.identifying import PROGRAM_PATH as ACCOUNT_PATH
 from nodus_agent.runtimes import Exit, Launch, LaunchError, Running
 from nodus_schema.configs import Secret
 from nodus_schema.messages import StartAttempt
@@ -114,11 +116,15 @@ class DockerRuntime:
         mounts: list[Mount] = list(attempt_mounts(launch.dir))
         if launch.secret_files:
             mounts.append(Mount(launch.dir.secrets, SECRETS_PATH, read_only=True))
+        if launch.identity is not None:
+            mounts.append(Mount(launch.identity.folder, ACCOUNT_PATH, read_only=True))
         # After the attempt's own: a Volume input at /nodus/inputs/<name> lands inside the inputs' bind.
         mounts.extend(Mount(m.host, m.target, read_only=m.read_only) for m in launch.plan.mounts)
         env = launch.env
         if launch.plan.source_path is not None:
             env = {**env, "NODUS_SRC": launch.plan.source_path}
+        if launch.identity is not None:
+            env = {**env, **launch.identity.env(ACCOUNT_PATH)}
         policy = msg.network.egress.policy if msg.network and msg.network.egress else None
         resources = msg.resources
         return ContainerSpec(

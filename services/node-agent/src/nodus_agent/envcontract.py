@@ -29,6 +29,12 @@ Code and data (ADR-0036), set by the runtime from the run's mount plan:
   outside ``/nodus/inputs`` is a link at its path without the leading ``/`` (a Volume at ``/data/x`` is
   ``$NODUS_MOUNTS/data/x``); a Volume or Workspace input is a link at ``$NODUS_INPUTS/<name>`` as in a
   container. A container sees every mount at its own path and gets no ``NODUS_MOUNTS``.
+
+A Job with ``spec.serviceAccountName`` (ADR-0037, :mod:`nodus_agent.identifying`) also gets
+``NODUS_TOKEN`` (with the secret values: masked in its logs), and from the runtime ``NODUS_URL``,
+``NODUS_SA_DIR`` (``/nodus/serviceaccount`` in a container) and ``NODUS_CA`` (its ``ca.crt``, when the
+gateway's certificate needs one): what the ``nodus`` CLI and the SDK read, with the project from
+``NODUS_NAMESPACE``.
 """
 
 from __future__ import annotations

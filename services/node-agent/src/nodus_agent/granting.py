@@ -20,7 +20,13 @@ from nats.aio.client import Client as NATS
 from nodus_kit import errors, messaging
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.messages import StartAttempt
-from nodus_schema.noding import GrantedRevision, RunSecrets, RunSecretsRequest, secrets_subject
+from nodus_schema.noding import (
+    GrantedRevision,
+    RunSecrets,
+    RunSecretsRequest,
+    ServiceAccountGrant,
+    secrets_subject,
+)
 
 T = TypeVar("T", Secret, Connection)
 KEPT: Final = 1024
@@ -47,13 +53,16 @@ class _Reader(Generic[T]):
 
 @dataclass
 class Granted:
-    """What one Attempt may read: its Secrets and Connections by name, and the blob of each Volume revision
-    it mounts (ADR-0036: the agent learns revisions from the gateway, never from a Volume)."""
+    """What one Attempt may read: its Secrets and Connections by name, the blob of each Volume revision
+    it mounts (ADR-0036: the agent learns revisions from the gateway, never from a Volume), and its
+    ServiceAccount's API token (ADR-0037; ``missing`` names an account the gateway could not grant)."""
 
     namespace: str
     secrets: _Reader[Secret]
     connections: _Reader[Connection]
     revisions: list[GrantedRevision] = field(default_factory=list)
+    service_account: ServiceAccountGrant | None = field(default=None, repr=False)
+    missing: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, namespace: str, answer: RunSecrets) -> Granted:
@@ -62,6 +71,8 @@ class Granted:
             _Reader(namespace, {s.metadata.name or "": s for s in answer.secrets}),
             _Reader(namespace, {c.metadata.name or "": c for c in answer.connections}),
             list(answer.revisions),
+            answer.service_account,
+            list(answer.missing),
         )
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 
-from nodus_agent import attemptdir, committing, envcontract, mounting, preparing
+from nodus_agent import attemptdir, committing, envcontract, identifying, mounting, preparing
 from nodus_agent.attemptdir import FINISHED, RUNNING, STARTING, AttemptDir, Record
 from nodus_agent.keyedlocks import KeyedLocks
 from nodus_agent.logshipping import Redactor
@@ -364,6 +364,12 @@ class Runner:
                 mounting.release(prepared.plan)
             await self._finish(adir, record, "Stopped", None, _ms_since(began), pending.stopped)
             return
+        try:  # its ServiceAccount (ADR-0037): the token joins the secret values (env, masked logs)
+            identity = await identifying.provide(self.toolkit.grants, msg, adir, prepared.secrets)
+        except identifying.IdentityError as e:
+            mounting.release(prepared.plan)
+            await self._finish(adir, record, e.reason, None, _ms_since(began), e.message, prepared=prepared)
+            return
         env = envcontract.build_env(msg, adir, self.settings, paths=self.runtime.paths(adir))
         env.update(prepared.secrets.env)
         launch = Launch(
@@ -374,6 +380,7 @@ class Runner:
             working_dir=msg.working_dir,
             secret_files=prepared.secret_dirs,
             plan=prepared.plan,
+            identity=identity,
         )
         try:
             running = await self.runtime.launch(launch)
@@ -600,6 +607,7 @@ class Runner:
             began = time.monotonic() - max(0, epoch_ms() - (record.started_epoch_ms or epoch_ms())) / 1000
             log.info("re-adopted a running attempt", extra={"attempt": adir.attempt, "id": running.ident})
             prepared = await preparing.for_adoption(self.toolkit, known)
+            await identifying.for_adoption(self.toolkit.grants, known, prepared.secrets)  # masked logs
             prepared.plan = adir.load_plan() or MountPlan()  # what its finish commits and reports
             await preparing.retain_mounts(self.toolkit, prepared.plan)
             run = self._watch_run(known, adir, record, running, began, prepared, adopted=True)
@@ -629,6 +637,7 @@ class Runner:
         source: SourceRecord | None = None,
     ) -> None:
         plan = prepared.plan if prepared is not None else None
+        identifying.remove(adir)  # the run's API token must not outlive it on this disk (ADR-0037)
         record = finished(
             record,
             adir.namespace,

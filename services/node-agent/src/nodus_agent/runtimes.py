@@ -13,7 +13,8 @@ program on this host, and how to find it again after the agent restarts:
   ``/nodus/inputs`` at ``$NODUS_INPUTS/<rest>``, any other at ``$NODUS_MOUNTS/<path without its leading
   />`` (``NODUS_MOUNTS`` is ``<attempt dir>/mounts``). The checkout of ``spec.source`` is ``NODUS_SRC``
   and the program's working directory unless ``workingDir`` says otherwise (an absolute one at or
-  around a mount's path is taken under ``NODUS_MOUNTS``).
+  around a mount's path is taken under ``NODUS_MOUNTS``). A run with a ServiceAccount (ADR-0037) finds its
+  token and CA in ``NODUS_SA_DIR`` (``<attempt dir>/serviceaccount``; ``NODUS_CA`` is its ``ca.crt``).
 * ``docker`` (:mod:`nodus_agent.containers`): a container through the Docker Engine API, the attempt
   directories mounted at ``/nodus/...`` and each mount of the plan bound at its path; a restarted agent
   re-adopts the running container and reports its real exit code.
@@ -36,6 +37,7 @@ import msgspec
 
 from nodus_agent import processes
 from nodus_agent.attemptdir import AttemptDir, Record
+from nodus_agent.identifying import Identity
 from nodus_agent.mountplan import Mount, MountPlan
 from nodus_schema.messages import StartAttempt
 
@@ -56,6 +58,8 @@ class Launch:
     """Secret name -> the directory holding one file per key (mounted at /nodus/secrets/<name>)."""
     plan: MountPlan = field(default_factory=MountPlan)
     """The checkout of spec.source and the Volume mounts (ADR-0036), and the working directory they imply."""
+    identity: Identity | None = None
+    """The run's ServiceAccount folder and URL (ADR-0037; its token is in ``env``), or None."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,8 @@ class ProcessRuntime:
             raise LaunchError("Lost", f"could not link the mounts into {launch.dir.root}: {e}") from None
         cwd = self._cwd(launch, links)
         env = {**launch.env, **mount_env(launch.dir, launch.plan, links)}
+        if launch.identity is not None:  # the folder where it is: a local process has no /nodus
+            env.update(launch.identity.env(str(launch.identity.folder)))
         if self.gpu_ids is not None:
             # The GPUs the node offers, by UUID (stable where indexes are not: CUDA may order them by
             # speed); "" hides every GPU from a node that offers none.
