@@ -20,15 +20,9 @@ from nodus_schema.attempts import Attempt
 from nodus_schema.jobs import Job
 from nodus_schema.quantities import usd_to_micros
 from nodus_testing.waiting import eventually
+from tests.scheduler.test_funding import TERMS
 
 pytestmark = pytest.mark.timeout(120)
-
-TERMS = {
-    "NODUS_HOLD_WINDOW_S": "4",
-    "NODUS_METER_TICK_S": "0.5",
-    "NODUS_STOP_MARGIN_S": "1",
-    "NODUS_ORPHAN_HOLD_S": "10",
-}
 
 
 async def _one(rig: Any, name: str, namespace: str = "t") -> Attempt:
@@ -41,6 +35,19 @@ async def _finished(rig: Any, name: str, namespace: str = "t") -> Attempt:
     a = await _one(rig, name, namespace)
     assert a.status.phase == "Succeeded", a.status.phase
     return a
+
+
+async def _final(rig: Any, name: str, namespace: str = "a") -> Job:
+    """The Job once its cost is final (every hold of it captured, its window included)."""
+
+    async def final() -> Job:
+        job: Job = await rig.job(name, namespace)
+        assert job.status.cost is not None and job.status.cost.final
+        return job
+
+    return await eventually(
+        final, deadline_s=30, message=f"the cost of {namespace}/{name} never became final"
+    )
 
 
 async def test_a_kept_node_goes_to_its_project_first_and_to_nobody_else(make_rig: Callable[..., Any]) -> None:
@@ -72,12 +79,7 @@ async def test_a_kept_node_goes_to_its_project_first_and_to_nobody_else(make_rig
 
         await eventually(closed, deadline_s=30, message="the reuse never closed the keeper's window")
 
-        async def final() -> Job:
-            job: Job = await rig.job("keeper", "a")
-            assert job.status.cost is not None and job.status.cost.final
-            return job
-
-        await eventually(final, deadline_s=30, message="the keeper's cost never became final")
+        await _final(rig, "keeper")
         # friend had no window of its own: the node is free for the stranger once friend is done.
         await eventually(lambda: _finished(rig, "stranger", "b"), deadline_s=30)
 
@@ -98,12 +100,7 @@ async def test_billing_ends_a_window_at_the_jobs_cap(make_rig: Callable[..., Any
         assert a.status.warm_until_ms is not None and a.status.warm_end_ms is not None
         assert a.status.warm_end_ms < a.status.warm_until_ms
 
-        async def final() -> Job:
-            job: Job = await rig.job("capped", "a")
-            assert job.status.cost is not None and job.status.cost.final
-            return job
-
-        job = await eventually(final, deadline_s=30, message="the capped Job's cost never became final")
+        job = await _final(rig, "capped")
         cost = job.status.cost
         assert cost is not None and cost.by_segment is not None
         assert usd_to_micros(cost.total_usd or "0") <= usd_to_micros("0.002")
@@ -129,9 +126,4 @@ async def test_a_node_that_goes_silent_ends_its_window(make_rig: Callable[..., A
 
         await eventually(ended, deadline_s=40, message="a silent node's window never ended")
 
-        async def final() -> Job:
-            job: Job = await rig.job("keeper", "a")
-            assert job.status.cost is not None and job.status.cost.final
-            return job
-
-        await eventually(final, deadline_s=30)
+        await _final(rig, "keeper")

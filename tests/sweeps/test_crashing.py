@@ -25,11 +25,10 @@ import random
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import msgspec
 import pytest
@@ -39,8 +38,6 @@ from nodus_agent.simulating import FleetSettings, SimulatedFleet
 from nodus_billing.service import BillingService
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
-from nodus_kit.controlling import Controller
-from nodus_kit.servicing import Service, Settings
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.service import SchedulerService
 from nodus_schema.attempts import JOB_UID_LABEL, Attempt
@@ -49,6 +46,7 @@ from nodus_schema.jobs import Job
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.sweeps import CELL_LABEL, SWEEP_LABEL, Sweep, SweepSpec
+from nodus_testing.hosting import in_process
 from nodus_testing.natsserver import NatsServer
 from nodus_testing.waiting import eventually
 
@@ -109,27 +107,6 @@ class Creations:
                     self.deleted.append(meta.name or "")
 
 
-@contextlib.asynccontextmanager
-async def _in_process(service: type[Service], nc: NATS, env: dict[str, str]) -> AsyncIterator[Any]:
-    """A service on the test's connection, as tests/scheduler/conftest.py runs the scheduler and billing."""
-    svc = service(Settings.from_env(service.name, {"NODUS_REPLICA": "test", **env}))
-    svc.nc = nc
-    await svc.start()
-    try:
-        yield svc
-    finally:
-        svc.stopping.set()
-        await svc.stop()
-        # stop() can return while a controller's workers still drain its queue (the leader task is
-        # cancelled during the controller's graceful stop): wait for them while the connection is open.
-        controllers = [c for c in vars(svc).values() if isinstance(c, Controller)]
-        await eventually(
-            lambda: all(c.queue.idle() for c in controllers),
-            deadline_s=30,
-            message=f"{service.name}'s controllers still working after stop",
-        )
-
-
 async def _create_sweep(nc: NATS) -> Sweep:
     body = {
         "maxParallel": MAX_PARALLEL,
@@ -180,12 +157,12 @@ async def test_killing_the_sweep_controller_ten_times_creates_every_cell_once_an
         proc: subprocess.Popen[bytes] | None = None
         try:
             async with (
-                _in_process(
+                in_process(
                     BillingService,
                     nc,
                     {"NODUS_STARTING_CREDITS_USD": "100", "NODUS_METER_TICK_S": "2"},
                 ),
-                _in_process(SchedulerService, nc, {"NODUS_RESYNC_S": "2", "NODUS_FUNDING": "on"}),
+                in_process(SchedulerService, nc, {"NODUS_RESYNC_S": "2", "NODUS_FUNDING": "on"}),
             ):
                 sweep = await _create_sweep(nc)
                 proc = _controller(server.url, server.harness_seed, log)

@@ -17,7 +17,6 @@ is captured.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +29,7 @@ from nodus_billing.books import Books
 from nodus_billing.service import BillingService
 from nodus_kit import declaring, messaging
 from nodus_kit.connecting import connect
-from nodus_kit.controlling import Controller
 from nodus_kit.errors import NotFound
-from nodus_kit.servicing import Service, Settings
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.service import SchedulerService
 from nodus_schema.attempts import Attempt
@@ -50,6 +47,7 @@ from nodus_schema.meta import ObjectMeta
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.sweeps import Sweep, SweepSpec
 from nodus_sweeps.service import SweepsService
+from nodus_testing.hosting import in_process
 from nodus_testing.natsserver import NatsServer
 from nodus_testing.waiting import eventually
 
@@ -77,24 +75,6 @@ def _sweep_spec(window: str | None) -> SweepSpec:
         template["scaledownWindow"] = window
     body = {"matrix": {"params": {"A": [str(i) for i in range(CELLS)]}}, "template": {"spec": template}}
     return msgspec.convert(body, SweepSpec)
-
-
-@contextlib.asynccontextmanager
-async def _in_process(service: type[Service], nc: NATS, env: dict[str, str]) -> AsyncIterator[Any]:
-    svc = service(Settings.from_env(service.name, {"NODUS_REPLICA": "test", **env}))
-    svc.nc = nc
-    await svc.start()
-    try:
-        yield svc
-    finally:
-        svc.stopping.set()
-        await svc.stop()
-        controllers = [c for c in vars(svc).values() if isinstance(c, Controller)]
-        await eventually(
-            lambda: all(c.queue.idle() for c in controllers),
-            deadline_s=30,
-            message=f"{service.name}'s controllers still working after stop",
-        )
 
 
 async def _estimate(nc: NATS, project: str, spec: SweepSpec) -> Estimate:
@@ -146,11 +126,11 @@ async def test_a_sweep_with_a_scaledown_window_starts_two_cold_and_costs_less(tm
         ).start()
         try:
             async with (
-                _in_process(
+                in_process(
                     BillingService, nc, {"NODUS_STARTING_CREDITS_USD": "100", "NODUS_METER_TICK_S": "1"}
                 ),
-                _in_process(SchedulerService, nc, {"NODUS_RESYNC_S": "2", "NODUS_FUNDING": "on"}),
-                _in_process(SweepsService, nc, {"NODUS_RESYNC_S": "2"}),
+                in_process(SchedulerService, nc, {"NODUS_RESYNC_S": "2", "NODUS_FUNDING": "on"}),
+                in_process(SweepsService, nc, {"NODUS_RESYNC_S": "2"}),
             ):
                 plain, windowed = _sweep_spec(None), _sweep_spec("5m")
                 before_plain = await _estimate(nc, "cold", plain)
