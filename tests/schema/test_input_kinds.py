@@ -1,5 +1,5 @@
 """Admission of input kinds: url, bucket, output, volume and fromWorkspace are accepted (ADR-0020,
-ADR-0036); fromStage is refused with a field error that says what to use instead until Pipelines exist;
+ADR-0036); fromStage is refused outside a Pipeline's stage with a field error that says where it works;
 every input has exactly one kind."""
 
 from __future__ import annotations
@@ -45,12 +45,11 @@ def test_supported_kinds_are_admitted() -> None:
 
 
 @pytest.mark.parametrize(("kind", "inp"), REFUSED, ids=[k for k, _ in REFUSED])
-def test_unsupported_kinds_are_refused_with_what_to_use(kind: str, inp: JobInput) -> None:
+def test_stage_inputs_outside_a_pipeline_are_refused_saying_where_they_work(kind: str, inp: JobInput) -> None:
     for errors in job_errors([SUPPORTED[0], inp]):
         assert [(e.field, e.reason) for e in errors] == [(f"spec.inputs[1].{kind}", CauseType.FORBIDDEN)]
         message = errors[0].message
-        assert "not supported yet" in message
-        assert "use volume, output, bucket, url or fromWorkspace" in message
+        assert "only in a Pipeline's stage" in message and "use an output input" in message
 
 
 @pytest.mark.parametrize(("kind", "inp"), REFUSED, ids=[k for k, _ in REFUSED])
@@ -89,7 +88,7 @@ def test_a_refused_kind_beside_a_supported_one_reports_both_problems() -> None:
         ] * 2
         messages = " ".join(e.message for e in errors)
         assert "exactly one source" in messages
-        assert "not supported yet" in messages
+        assert "only in a Pipeline's stage" in messages
 
 
 def test_revision_zero_of_a_volume_input_is_refused() -> None:

@@ -182,7 +182,7 @@ def test_complete_by_time_is_honoured_so_admitted_even_in_the_past(when: str) ->
     assert [e for e in validate_sweep(sweep) if e.field == "spec.template.spec.completeByTime"] == []
 
 
-def test_the_input_kinds_refusal_has_the_same_wording() -> None:
+def test_a_from_stage_input_outside_a_pipeline_is_forbidden_saying_where_it_works() -> None:
     job = msgspec.convert(
         {
             "metadata": {"name": "j"},
@@ -190,7 +190,8 @@ def test_the_input_kinds_refusal_has_the_same_wording() -> None:
         },
         Job,
     )
-    assert NOT_YET.fullmatch(one(errs_of(job), "spec.inputs[0].fromStage").message)
+    found = one(errs_of(job), "spec.inputs[0].fromStage")
+    assert found.reason == FORB and "only in a Pipeline's stage" in found.message
 
 
 def test_a_scaledown_window_up_to_20m_and_integration_auto_or_none_are_honoured() -> None:

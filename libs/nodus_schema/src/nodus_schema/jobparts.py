@@ -122,10 +122,8 @@ _INPUTS_INSTEAD = (
     "committed output"
 )
 
-_UNSUPPORTED_INPUTS: Final = {
-    "fromStage": "Pipelines",
-}
-"""Input kinds the reference lists whose objects Nodus does not have yet."""
+_UNSUPPORTED_INPUTS: Final[dict[str, str]] = {}
+"""Input kinds the reference lists whose objects Nodus does not have yet (none since Pipelines, #22)."""
 
 
 def not_supported_yet(errs: ErrorList, path: Path, what: str, why: str, instead: str) -> None:
@@ -309,12 +307,18 @@ def _input_sources(inp: JobInput) -> list[str]:
     return [name for name, value in candidates if value is not None]
 
 
-def _input_source(errs: ErrorList, path: Path, inp: JobInput) -> None:
+def _input_source(errs: ErrorList, path: Path, inp: JobInput, *, in_pipeline: bool = False) -> None:
     sources = _input_sources(inp)
     if not sources:
         errs.required(path, f"Required value: exactly one of {_INPUT_SOURCE_NAMES}")
     for extra in sources[1:]:
         errs.forbidden(path.child(extra), f"an input has exactly one source, and {sources[0]} is set")
+    if "fromStage" in sources and not in_pipeline:
+        errs.forbidden(
+            path.child("fromStage"),
+            "fromStage inputs work only in a Pipeline's stage (kind Pipeline, spec.stages[].template); in a "
+            "Job or Sweep use an output input naming the producing Job instead",
+        )
     for kind in sources:
         if kind in _UNSUPPORTED_INPUTS:
             not_supported_yet(
@@ -366,7 +370,9 @@ def _remote_input(errs: ErrorList, path: Path, inp: JobInput) -> None:
         required(errs, sp.child("output"), inp.from_stage.output, "the stage's output name")
 
 
-def inputs(errs: ErrorList, path: Path, items: list[JobInput]) -> None:
+def inputs(errs: ErrorList, path: Path, items: list[JobInput], *, in_pipeline: bool = False) -> None:
+    """Every input's rules; ``in_pipeline``: the spec is a Pipeline stage's (``fromStage`` is allowed, and
+    the Pipeline checks what it names: pipelinerules.py)."""
     for i, inp in enumerate(items):
         ip = path.index(i)
         if required(errs, ip.child("name"), inp.name, "an input name") and inp.name is not None:
@@ -377,7 +383,7 @@ def inputs(errs: ErrorList, path: Path, items: list[JobInput]) -> None:
                 _INPUT_NAME,
                 "a letter, then up to 63 letters, digits or '_'",
             )
-        _input_source(errs, ip, inp)
+        _input_source(errs, ip, inp, in_pipeline=in_pipeline)
     unique_at(errs, path, [inp.name for inp in items], "name")
 
 

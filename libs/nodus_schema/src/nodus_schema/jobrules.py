@@ -402,18 +402,24 @@ def _counts_and_times(errs: ErrorList, path: Path, spec: JobSpec) -> None:
 
 
 def validate_job_spec(
-    spec: JobSpec, path: Path | str = "spec", *, gpu_swept: bool = False, in_sweep: bool = False
+    spec: JobSpec,
+    path: Path | str = "spec",
+    *,
+    gpu_swept: bool = False,
+    in_sweep: bool = False,
+    in_pipeline: bool = False,
 ) -> ErrorList:
     """Every rule of a JobSpec. ``gpu_swept`` is set for a Sweep template whose matrix sets the GPUs: the
     template then needs no GPU request of its own, and the Sweep checks each matrix value against the gang.
-    ``in_sweep``: the spec is a Sweep's template (its cells run side by side)."""
+    ``in_sweep``: the spec is a Sweep's template (its cells run side by side). ``in_pipeline``: the spec is
+    a Pipeline stage's (``fromStage`` inputs allowed)."""
     errs = ErrorList()
     p = path if isinstance(path, Path) else Path(path)
     _counts_and_times(errs, p, spec)
     container(errs, p, spec)
     _resources(errs, p.child("resources"), spec.resources)
     _gang(errs, p, spec, gpu_swept=gpu_swept)
-    inputs(errs, p.child("inputs"), spec.inputs)
+    inputs(errs, p.child("inputs"), spec.inputs, in_pipeline=in_pipeline)
     outputs(errs, p.child("outputs"), spec.outputs)
     volume_rules(errs, p.child("volumes"), spec.volumes)
     writers(errs, p, spec, in_sweep=in_sweep)

@@ -333,7 +333,12 @@ def _stored_size(errs: ErrorList, sweep: Sweep, key: bytes) -> None:
         )
 
 
-def _sweep_spec(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
+def sweep_spec_rules(errs: ErrorList, path: Path, spec: SweepSpec, *, in_pipeline: bool = False) -> None:
+    """Every rule of a SweepSpec at ``path`` (a Sweep's spec, or a Pipeline stage's template.sweep)."""
+    _sweep_spec(errs, path, spec, in_pipeline=in_pipeline)
+
+
+def _sweep_spec(errs: ErrorList, path: Path, spec: SweepSpec, *, in_pipeline: bool = False) -> None:
     int_range(errs, path.child("maxParallel"), spec.max_parallel, 1, 256)
     int_range(errs, path.child("repetitions"), spec.repetitions, 1, 64)
     enum(errs, path.child("state"), spec.state, SPEC_STATES)
@@ -345,7 +350,11 @@ def _sweep_spec(errs: ErrorList, path: Path, spec: SweepSpec) -> None:
         errs.forbidden(
             tp.child("spec").child("state"), "cells follow the Sweep's spec.state; leave this unset"
         )
-    errs.extend(validate_job_spec(tspec, tp.child("spec"), gpu_swept=bool(spec.matrix.gpu), in_sweep=True))
+    errs.extend(
+        validate_job_spec(
+            tspec, tp.child("spec"), gpu_swept=bool(spec.matrix.gpu), in_sweep=True, in_pipeline=in_pipeline
+        )
+    )
     _matrix(errs, path.child("matrix"), spec)
 
 
