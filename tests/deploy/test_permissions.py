@@ -203,6 +203,7 @@ GATEWAY_WRITES = (
     "workspaces",
     "blobs",
     "serviceaccounts",
+    "pipelines",
 )
 OPERATOR_BUCKETS = tuple(b for b in BUCKETS if b not in ("secrets", "tokens"))
 OPERATOR_STREAMS = tuple(s for s in STREAMS if s != "NODUS_ASSIGNMENTS")
@@ -229,8 +230,8 @@ def expected(user: str) -> set[str]:
     if user == "sweeps":
         return (
             own
-            | _rights("write", "sweeps", "jobs")
-            | _reader("sweeps", "jobs")
+            | _rights("write", "sweeps", "jobs", "pipelines")
+            | _reader("sweeps", "jobs", "pipelines")
             | {"lease:sweep-controller", "names", "events"}
             | lease
         )
@@ -249,7 +250,7 @@ def expected(user: str) -> set[str]:
         return (
             own
             | _rights("write", *writes)
-            | _reader(*writes, "sweeps", "attempts")
+            | _reader(*writes, "sweeps", "attempts", "pipelines")
             | {"lease:billing", "names", "durable:billing", "events"}
             | lease
             | _rights("serve", *BILLING_RPC)

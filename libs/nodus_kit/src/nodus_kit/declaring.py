@@ -118,6 +118,7 @@ BUCKETS: tuple[Bucket, ...] = (
         "blobs", "Records of uploaded blobs (tar.zst in the S3 store), key <ns>.<hex> (owner: api-gateway)"
     ),
     Bucket("serviceaccounts", "ServiceAccount objects: a role runs call the API with (owner: api-gateway)"),
+    Bucket("pipelines", "Pipeline objects: DAGs of Job and Sweep stages (owner: sweep-controller)"),
 )
 
 STREAMS: tuple[Stream, ...] = (

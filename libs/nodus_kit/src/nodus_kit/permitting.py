@@ -123,6 +123,7 @@ GATEWAY = Access(
         "workspaces",
         "blobs",
         "serviceaccounts",
+        "pipelines",
     ),
     lists=(
         "sweeps",
@@ -139,6 +140,7 @@ GATEWAY = Access(
         "workspaces",
         "blobs",
         "serviceaccounts",
+        "pipelines",
     ),
     # Nodes: the cluster admin's delete of a record its agent left behind (nodus_gateway.clusterrouting).
     # A delete is a write on the bus (a KV delete marker), so the right is the write of the Node keys.
@@ -151,8 +153,8 @@ GATEWAY = Access(
 )
 SWEEPS = Access(
     "cell Jobs of each Sweep, Sweep status, Sweep events",
-    writes=("sweeps", "jobs"),
-    lists=("sweeps", "jobs"),
+    writes=("sweeps", "jobs", "pipelines"),
+    lists=("sweeps", "jobs", "pipelines"),
     keys=(("leases", "sweep-controller"),),
     publishes=("nodus.events.>",),  # CellNameTaken and the like (nodus_kit.eventing)
 )
@@ -169,7 +171,7 @@ SCHEDULER = Access(
 BILLING = Access(
     "books, holds, funding, Budget status, status.cost of Jobs; quotes, holds and accounts (serves)",
     writes=("accounts", FUNDING_BUCKET, "budgets", "jobs"),
-    lists=("accounts", FUNDING_BUCKET, "budgets", "jobs", "sweeps", "attempts"),
+    lists=("accounts", FUNDING_BUCKET, "budgets", "jobs", "sweeps", "attempts", "pipelines"),
     keys=(("leases", "billing"),),
     durables=(Durable(REPORTS, "billing", "nodus.report.>"),),
     publishes=("nodus.events.>",),  # BookRepaired (nodus_billing.repairing)
