@@ -253,7 +253,7 @@ async def test_a_missing_url_is_an_error_to_fix_not_to_retry(https: Server, tmp_
 async def test_refused_kinds_and_bad_names_fail_before_any_fetch(https: Server, tmp_path: Path) -> None:
     stage = JobInput(name="prev", from_stage=StageInput(stage="prep", output="data"))
     before = https.hits.get("/blob", 0)
-    with pytest.raises(InputError, match="fromStage inputs are not supported yet"):
+    with pytest.raises(InputError, match="a fromStage input is resolved by the Pipeline before the run"):
         await materialise([url_input(https.url("/blob")), stage], tmp_path / "inputs", ctx_for(https))
     with pytest.raises(InputError, match="a name is a letter"):
         await materialise([url_input(https.url("/blob"), name="../etc")], tmp_path / "inputs", ctx_for(https))

@@ -1,4 +1,5 @@
-"""A hypothesis state machine over billing's pure core: the invariants of issue #7 hold after every step."""
+"""A hypothesis state machine over billing's pure core: the invariants of issue #7 hold after every step,
+with the three levels of caps (a Job's, its Sweep's, its Pipeline's: issue #22)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from nodus_billing.holding import (
     PlaceHold,
     PutBudget,
     PutJob,
+    PutPipeline,
     PutSweep,
     Release,
     Revoke,
@@ -33,6 +35,10 @@ from nodus_billing.standing import (
     held,
     job_held,
     job_spent,
+    month_of,
+    pipeline_held,
+    pipeline_spent,
+    room_for,
     sweep_held,
     sweep_spent,
 )
@@ -54,6 +60,7 @@ class Billing(RuleBasedStateMachine):
         self.granted: Counter[str] = Counter()  # net of revokes, per project
         self.charged: Counter[str] = Counter()  # per job, from the results alone
         self.resolutions: Counter[str] = Counter()
+        self.committed: dict[str, int] = {}  # per Pipeline, spent + held after the last step
         self.serial = 0
 
     def do(self, op: Op) -> Result:
@@ -101,28 +108,53 @@ class Billing(RuleBasedStateMachine):
         )
         assert self.do(op).ok
 
-    @rule(project=st.sampled_from(PROJECTS), cap=st.none() | st.integers(min_value=0, max_value=150))
-    def put_sweep(self, project: str, cap: int | None) -> None:
+    def pipelines_of(self, project: str) -> list[str]:
+        return sorted(n for n, p in self.state.pipelines.items() if p.project == project)
+
+    @rule(project=st.sampled_from(PROJECTS), cap=st.none() | st.integers(min_value=0, max_value=200))
+    def put_pipeline(self, project: str, cap: int | None) -> None:
+        name = self.fresh("pl")
+        self.generations[name] = 1
+        assert self.do(PutPipeline(name=name, project=project, generation=1, max_cost_micros=cap)).ok
+
+    @rule(
+        data=st.data(),
+        project=st.sampled_from(PROJECTS),
+        cap=st.none() | st.integers(min_value=0, max_value=150),
+    )
+    def put_sweep(self, data: st.DataObject, project: str, cap: int | None) -> None:
+        # A Sweep stage of a Pipeline, or a Sweep of its own.
+        pipeline = data.draw(st.sampled_from([None, *self.pipelines_of(project)]))
         name = self.fresh("s")
         self.generations[name] = 1
-        assert self.do(PutSweep(name=name, project=project, generation=1, max_cost_micros=cap)).ok
+        op = PutSweep(name=name, project=project, generation=1, max_cost_micros=cap, pipeline=pipeline)
+        assert self.do(op).ok
 
     @rule(data=st.data(), cap=st.none() | amounts, team=st.sampled_from(["a", "b"]))
     def put_job(self, data: st.DataObject, cap: int | None, team: str) -> None:
         # Cells are drawn more often than lone Jobs: the shared Sweep cap is the subtle rule.
         sweep = data.draw(st.sampled_from([None, *sorted(self.state.sweeps), *sorted(self.state.sweeps)]))
         project = self.state.sweeps[sweep].project if sweep else data.draw(st.sampled_from(PROJECTS))
+        # A lone Job may be a Job stage of a Pipeline; a cell is under its Sweep's Pipeline, if any.
+        pipeline = None if sweep else data.draw(st.sampled_from([None, *self.pipelines_of(project)]))
         name = self.fresh("j")
         self.generations[name] = 1
         op = PutJob(
-            name=name, project=project, generation=1, sweep=sweep, labels={"team": team}, max_cost_micros=cap
+            name=name,
+            project=project,
+            generation=1,
+            sweep=sweep,
+            labels={"team": team},
+            max_cost_micros=cap,
+            pipeline=pipeline,
         )
         assert self.do(op).ok
 
-    @precondition(lambda self: self.state.jobs or self.state.sweeps)
+    @precondition(lambda self: self.state.jobs or self.state.sweeps or self.state.pipelines)
     @rule(data=st.data(), more=st.integers(min_value=1, max_value=300))
     def raise_cap(self, data: st.DataObject, more: int) -> None:
-        name = data.draw(st.sampled_from(sorted(self.state.jobs) + sorted(self.state.sweeps)))
+        names = sorted(self.state.jobs) + sorted(self.state.sweeps) + sorted(self.state.pipelines)
+        name = data.draw(st.sampled_from(names))
         self.generations[name] += 1
         gen = self.generations[name]
         if name in self.state.jobs:
@@ -135,12 +167,63 @@ class Billing(RuleBasedStateMachine):
                 sweep=job.sweep,
                 labels=job.labels,
                 max_cost_micros=cap,
+                pipeline=job.pipeline,
             )
-        else:
+        elif name in self.state.sweeps:
             sweep = self.state.sweeps[name]
             cap = None if sweep.max_cost_micros is None else sweep.max_cost_micros + more
-            op = PutSweep(name=name, project=sweep.project, generation=gen, max_cost_micros=cap)
+            op = PutSweep(
+                name=name,
+                project=sweep.project,
+                generation=gen,
+                max_cost_micros=cap,
+                pipeline=sweep.pipeline,
+            )
+        else:
+            pipeline = self.state.pipelines[name]
+            cap = None if pipeline.max_cost_micros is None else pipeline.max_cost_micros + more
+            op = PutPipeline(name=name, project=pipeline.project, generation=gen, max_cost_micros=cap)
         assert self.do(op).ok
+
+    @precondition(lambda self: self.state.pipelines)
+    @rule(data=st.data())
+    def lower_a_pipeline_cap(self, data: st.DataObject) -> None:
+        """A Pipeline's cap lowered, below what its stages spent and hold at times: accepted (it only
+        forbids growth), and nothing more is held under it until it is raised again."""
+        name = data.draw(st.sampled_from(sorted(self.state.pipelines)))
+        pipeline = self.state.pipelines[name]
+        cap = data.draw(st.integers(min_value=0, max_value=pipeline.max_cost_micros or 200))
+        self.generations[name] += 1
+        op = PutPipeline(
+            name=name, project=pipeline.project, generation=self.generations[name], max_cost_micros=cap
+        )
+        assert self.do(op).ok
+
+    @precondition(lambda self: self.state.jobs)
+    @rule(data=st.data())
+    def hold_what_room_for_leaves(self, data: st.DataObject) -> None:
+        """``room_for`` is exact over the three levels, Budgets and credits: a hold of what it leaves fits,
+        one micro-dollar more is refused with the limit it names."""
+        job = data.draw(st.sampled_from(sorted(self.state.jobs)))
+        room, code = room_for(self.state, job, month_of(self.now))
+        more = PlaceHold(
+            hold_id=self.fresh("h"),
+            job=job,
+            amount_micros=room + 1,
+            funded_until_ms=self.now + 1,
+            at_ms=self.now,
+        )
+        _, refused, posted = apply(self.state, more)  # judged, not kept
+        assert (refused.ok, refused.code, posted) == (False, code, []), (room, code, refused)
+        if room > 0:
+            op = PlaceHold(
+                hold_id=self.fresh("h"),
+                job=job,
+                amount_micros=room,
+                funded_until_ms=self.now + 1,
+                at_ms=self.now,
+            )
+            assert self.do(op).ok
 
     # --- holds: cell start, extend, meter tick, capture (cell stop), cancel, expire ---
 
@@ -164,10 +247,15 @@ class Billing(RuleBasedStateMachine):
     @rule(data=st.data(), window_ms=st.integers(min_value=0, max_value=200))
     def extend(self, data: st.DataObject, window_ms: int) -> None:
         hold_id = data.draw(st.sampled_from(self.open_holds()))
-        until = self.state.holds[hold_id].funded_until_ms + window_ms
-        self.do(
-            ExtendHold(hold_id=hold_id, more_micros=charge_micros(RATE, window_ms), funded_until_ms=until)
-        )
+        hold = self.state.holds[hold_id]
+        until = hold.funded_until_ms + window_ms
+        more = charge_micros(RATE, window_ms)
+        room, code = room_for(self.state, hold.job, hold.month, hold.labels)
+        result = self.do(ExtendHold(hold_id=hold_id, more_micros=more, funded_until_ms=until))
+        # An extension is judged as room_for sizes it, against every level of caps, Budgets and credits.
+        if window_ms:
+            assert result.ok == (more <= room), (more, room, result)
+            assert result.ok or result.code == code
 
     @precondition(lambda self: self.open_holds())
     @rule(data=st.data(), amount=amounts)
@@ -285,6 +373,14 @@ class Billing(RuleBasedStateMachine):
         for name, sweep in self.state.sweeps.items():
             if sweep.max_cost_micros is not None:
                 assert sweep_spent(self.state, name) + sweep_held(self.state, name) <= sweep.max_cost_micros
+        for name, pipeline in self.state.pipelines.items():
+            # Everything under a Pipeline, its Sweep stages' cells included, stays under its one cap; a cap
+            # lowered below what was committed is accepted, and then nothing under it grows.
+            committed = pipeline_spent(self.state, name) + pipeline_held(self.state, name)
+            if pipeline.max_cost_micros is not None:
+                ceiling = max(pipeline.max_cost_micros, self.committed.get(name, 0))
+                assert committed <= ceiling, (name, committed, pipeline.max_cost_micros)
+            self.committed[name] = committed
 
     @invariant()
     def no_hold_resolves_twice(self) -> None:

@@ -1,5 +1,6 @@
 """The money simulator (issue #18): seeded workloads over billing's real core, every invariant checked after
-every operation; it catches a bug put in on purpose, names the seed and prints the command that replays it."""
+every operation; it catches a bug put in on purpose, names the seed and prints the command that replays it.
+Its workload has Pipelines (issue #22): one cap over Job stages and Sweep stages' cells."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from nodus_billing.holding import apply, encode
+from nodus_billing.holding import PutPipeline, apply, encode
 from nodus_billing.simulating import FAULTS, SimulationFailure, main, replay_command, simulate
 from nodus_billing.standing import State
 
@@ -40,6 +41,8 @@ REACHED = (
     "hold retries",
     "holds funded on redelivery",
     "outages",
+    "PutPipeline ok",
+    "blocks at a Pipeline's cap",
 )
 """What the workload must reach in CI, or it is not testing what it is for."""
 FOUND_BY = {
@@ -50,7 +53,8 @@ FOUND_BY = {
     "extension-labels": (36,),
 }
 """The seeds that showed, in 300 steps, each problem the simulator found in billing (#18), all fixed since
-(``invariants``, docs/billing.md): replayed strictly, they must pass."""
+(``invariants``, docs/billing.md): replayed strictly, they must pass. They are the workload without
+Pipelines (``pipelines=False``), which draws seed for seed what it drew before Pipelines existed."""
 
 
 @pytest.mark.slow
@@ -81,11 +85,13 @@ def test_a_seed_is_the_same_run_and_apply_alone_repeats_it() -> None:
     assert {p: encode(b) for p, b in books.items()} == {p: encode(b) for p, b in first.books.items()}
 
 
-def first_failure(seeds: Iterable[int], steps: int, fault: str | None = None) -> SimulationFailure | None:
+def first_failure(
+    seeds: Iterable[int], steps: int, fault: str | None = None, pipelines: bool = True
+) -> SimulationFailure | None:
     """The failure of the first of the seeds that fails, if any does."""
     for seed in seeds:
         try:
-            simulate(seed, steps, fault=fault)
+            simulate(seed, steps, fault=fault, pipelines=pipelines)
         except SimulationFailure as e:
             return e
     return None
@@ -128,4 +134,17 @@ def test_the_problems_found_stay_fixed(problem: str) -> None:
     """The seeds that showed the problems the simulator found in billing, replayed: every invariant holds
     strictly on them now (there is no tolerated problem left), and any recurrence fails with the replay."""
     for seed in FOUND_BY[problem]:
-        assert simulate(seed, 300).steps == 300
+        assert simulate(seed, 300, pipelines=False).steps == 300
+
+
+def test_the_workload_without_pipelines_has_none_and_its_replay_says_so() -> None:
+    bare = simulate(7, 400, keep_ops=True, pipelines=False)
+    assert not any(isinstance(op, PutPipeline) for _, op in bare.ops)
+    assert not any("Pipeline" in kind for kind in bare.counts)
+    assert all(not book.pipelines for book in bare.books.values())
+    piped = simulate(7, 400, keep_ops=True)
+    assert any(isinstance(op, PutPipeline) for _, op in piped.ops)
+    replay = "python -m nodus_billing.simulating --seed 3 --steps 50 --fault drop_entry --no-pipelines"
+    assert replay_command(3, 50, "drop_entry", pipelines=False) == replay
+    failure = first_failure(range(5), 50, fault="drop_entry", pipelines=False)
+    assert failure is not None and failure.replay.endswith(" --no-pipelines")

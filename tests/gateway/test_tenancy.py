@@ -282,6 +282,11 @@ KINDS: dict[str, dict[str, Any]] = {
     "volumes": {"spec": {"description": "data"}},
     "workspaces": {"spec": {}},
     "serviceaccounts": {"spec": {"role": "editor"}},
+    "pipelines": {
+        "spec": {
+            "stages": [{"name": "train", "template": {"job": sweep_body("x")["spec"]["template"]["spec"]}}]
+        }
+    },
 }
 """A body per kind (its name added), created in B by the cluster admin, then tried by alice (editor in A)
 and bob (viewer in B)."""

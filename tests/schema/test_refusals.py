@@ -227,6 +227,15 @@ def test_a_create_may_set_no_nodus_label_nor_a_sweeps_controller_reference() -> 
     assert server_owned_errors(ObjectMeta(name="a", labels={"team": "ml", "nodus.devx/y": "z"})) == []
 
 
+def test_a_create_may_not_claim_to_be_a_pipelines_stage() -> None:
+    ref = OwnerReference(api_version="nodus.dev/v1", kind="Pipeline", name="flow", uid="u9", controller=True)
+    errs = server_owned_errors(ObjectMeta(name="flow-train", owner_references=[ref]))
+    found = one(errs, "metadata.ownerReferences[0].controller")
+    assert found.reason == FORB and "stage of Pipeline 'flow'" in found.message
+    plain = msgspec.structs.replace(ref, controller=False)
+    assert server_owned_errors(ObjectMeta(name="flow-train", owner_references=[plain])) == []
+
+
 def test_an_update_may_keep_what_nodus_set_and_nothing_else() -> None:
     stored = ObjectMeta(
         name="lr-0", labels={"nodus.dev/sweep": "lr", "nodus.dev/cell": "0"}, owner_references=[SWEEP_REF]

@@ -47,6 +47,9 @@ examples:
   nodus get jobs -w
   nodus get sweep lr-sweep --watch
   nodus describe sweep lr-sweep
+  nodus apply -f pipeline.yaml --wait
+  nodus get pl
+  nodus describe pipeline flow
   nodus patch sweep lr-sweep -p '{{"spec": {{"maxParallel": 8}}}}'
   nodus logs lr-sweep-0 -f
   nodus delete sweep lr-sweep
@@ -100,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wait",
         action="store_true",
-        help="then wait for each Sweep and Job to finish, showing its progress (exit 1 if one fails)",
+        help="then wait for each Sweep, Job and Pipeline to finish, showing its progress (exit 1 if one "
+        "fails)",
     )
     p.add_argument(
         "--source-dir",

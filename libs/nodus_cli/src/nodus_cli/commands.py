@@ -19,6 +19,7 @@ from nodus_cli.describing import (
     describe_attempt,
     describe_budget,
     describe_job,
+    describe_pipeline,
     describe_sweep,
     describe_volume,
     describe_workspace,
@@ -29,6 +30,7 @@ from nodus_cli.kinds import (
     COMPUTE_KINDS,
     JOB,
     KINDS,
+    PIPELINE,
     SWEEP,
     VOLUME,
     WORKSPACE,
@@ -67,6 +69,7 @@ DESCRIBE: Final[dict[str, Callable[[Any], str]]] = {
     ATTEMPT.kind: describe_attempt,
     VOLUME.kind: describe_volume,
     WORKSPACE.kind: describe_workspace,
+    PIPELINE.kind: describe_pipeline,
 }
 ATTEMPTS_PER_SELECTOR: Final = 50
 """Cell Jobs named in one ``nodus.dev/job in (...)`` selector when describe lists a Sweep's Attempts."""
@@ -101,9 +104,9 @@ def apply(
     source_dir: str | None = None,
 ) -> int:
     """Create every object in the files; an existing one is "unchanged" when its spec is the same. With
-    ``wait`` (and ``api``), then wait for each Sweep and Job to finish, showing its progress. A Job's or
-    Sweep's ``source.dir`` (or ``source_dir`` for those without a source) is packed and uploaded first,
-    and sent as ``source.blob`` (sourcing.py)."""
+    ``wait`` (and ``api``), then wait for each Sweep, Job and Pipeline to finish, showing its progress. A
+    Job's or Sweep's ``source.dir`` (or ``source_dir`` for those without a source) is packed and uploaded
+    first, and sent as ``source.blob`` (sourcing.py)."""
     docs: list[manifests.Document] = []
     for path in files:
         try:

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from nodus_cli.pipelines import dag_lines, spend_text, stages_done
 from nodus_cli.tables import (
     NONE,
     age,
@@ -23,6 +24,8 @@ from nodus_cli.tables import (
 from nodus_schema import Condition, Cost, Job, JobSpec, ObjectMeta, Sweep
 from nodus_schema.attempts import Attempt, AttemptStatus, MountRecord, SourceRecord
 from nodus_schema.billing import Budget
+from nodus_schema.costs import DurationBand, USDBand
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.validating import count_cells
 from nodus_schema.volumes import Volume, Workspace
 
@@ -317,4 +320,55 @@ def describe_budget(budget: Budget) -> str:
             ("Observed Gen.", str(st.observed_generation) if st.observed_generation else NONE),
         ],
     )
+    return "\n".join(lines)
+
+
+# -- Pipelines (issue #22) -----------------------------------------------------------------------------------
+def _band(band: USDBand | DurationBand | None, money: bool) -> str:
+    if band is None or (band.p50 is None and band.p90 is None):
+        return NONE
+    sign = "$" if money else ""
+    return f"p50 {sign}{band.p50 or '?'}  p90 {sign}{band.p90 or '?'}"
+
+
+def describe_pipeline(p: Pipeline) -> str:
+    """Metadata, the cap and the spend, the phase, the estimate, the DAG as a tree, then the conditions."""
+    spec, st = p.spec, p.status
+    succeeded, total = stages_done(p)
+    lines = _meta("Pipeline", p.metadata)
+    lines += _section(
+        "Spec",
+        [
+            ("Stages", str(len(spec.stages))),
+            ("Max Cost", usd(spec.max_cost_usd) if spec.max_cost_usd else "none (no shared cap)"),
+            ("State", spec.state or NONE),
+        ],
+    )
+    estimate = st.estimate
+    warned = estimate.warnings if estimate else []
+    warnings = [f"{w.code or '?'}: {w.message or ''}".rstrip() for w in warned]
+    lines += _section(
+        "Status",
+        [
+            ("Phase", st.phase or "Pending"),
+            ("Reason", st.reason or NONE),
+            ("Message", st.message or NONE),
+            ("Stages Done", f"{succeeded}/{total} succeeded"),
+            ("Spend", spend_text(p)),
+            *_cost(st.cost)[1:],
+            ("Started", st.start_time or NONE),
+            ("Completed", st.completion_time or NONE),
+            ("Observed Gen.", str(st.observed_generation) if st.observed_generation else NONE),
+        ],
+    )
+    lines += _section(
+        "Estimate",
+        [
+            ("Cost", _band(estimate.cost_usd if estimate else None, money=True)),
+            ("Duration", _band(st.estimated_duration, money=False)),
+            *(("Warning", w) for w in warnings),
+        ],
+    )
+    lines += ["Stages:", *("  " + line for line in dag_lines(p))]
+    lines += _conditions(st.conditions)
     return "\n".join(lines)

@@ -1,10 +1,11 @@
 """``nodus estimate -f FILE``: the dry run of a create (``?dryRun=All``, ADR-031), printed for people.
 
-For each Sweep and Job in the files the gateway admits the object as for a real create, asks the
+For each Sweep, Job and Pipeline in the files the gateway admits the object as for a real create, asks the
 scheduler and billing for ``status.estimate`` and stores nothing. Printed: the cost (p50/p90) and the
 startup and teardown overhead in it, the rate and the capacity it would use, the startup times, the holds
 a create must fit (the first hold, the concurrent holds of every slot that starts at once, a gang's
-member holds), warnings, and each blocking reason with its fix.
+member holds), warnings, and each blocking reason with its fix. A Pipeline's estimate is its whole DAG's
+(the stages' costs summed), with the critical path's duration (``status.estimatedDuration``).
 
 Exit codes: 0 when every object could be created now, 3 when the estimate of one has blocking reasons
 (the create would be refused), 1 when the gateway refused a dry run itself (an invalid object, no
@@ -41,8 +42,11 @@ class Estimated:
     namespace: str
     estimate: Estimate
     etag: str
+    duration: DurationBand | None = None
+    """A Pipeline's ``status.estimatedDuration``: p50 and p90 of its critical path."""
 
     def as_json(self) -> dict[str, Any]:
+        duration = {"estimatedDuration": msgspec.to_builtins(self.duration)} if self.duration else {}
         return {
             "object": self.ref,
             "kind": self.kind,
@@ -51,6 +55,7 @@ class Estimated:
             "blocked": bool(self.estimate.blocking_reasons),
             "etag": self.etag,
             "estimate": msgspec.to_builtins(self.estimate),
+            **duration,
         }
 
 
@@ -75,6 +80,7 @@ def view(done: Estimated) -> str:
     verdict = f"BLOCKED ({len(blocked)} reason{'s' if len(blocked) != 1 else ''})" if blocked else "could run"
     rows: list[tuple[str, str]] = [
         ("cost", _band(e.cost_usd)),
+        ("duration", _durations(done.duration) + ("  (the critical path)" if done.duration else "")),
         (
             "overhead",
             _band(e.overhead_usd) + ("  (startup and teardown, in the cost)" if e.overhead_usd else ""),
@@ -166,8 +172,8 @@ def _startup(e: Estimate) -> str:
 def estimate(
     api: Requests, config: Config, files: list[str], *, output: str, sources: SourceDirs | None = None
 ) -> int:
-    """A dry-run create of each Job and Sweep of ``files``; ``sources`` resolves ``source.dir`` as apply
-    does (packed and uploaded: the estimate's admission checks the blob like a create's)."""
+    """A dry-run create of each Job, Sweep and Pipeline of ``files``; ``sources`` resolves ``source.dir`` as
+    apply does (packed and uploaded: the estimate's admission checks the blob like a create's)."""
     try:
         docs = [doc for path in files for doc in manifests.load(path)]
     except manifests.ManifestError as e:
@@ -179,7 +185,7 @@ def estimate(
         kind = by_manifest_kind(doc.data.get("kind"))
         if kind not in COMPUTE_KINDS:
             print(
-                f"{doc.source}: {doc.data.get('kind')} has no estimate (only Sweeps and Jobs do)",
+                f"{doc.source}: {doc.data.get('kind')} has no estimate (only Sweeps, Jobs and Pipelines do)",
                 file=sys.stderr,
             )
             continue
@@ -198,9 +204,16 @@ def estimate(
             print(f"{doc.source}:\n{status_text(e.status)}", file=sys.stderr)
             refused = True
             continue
-        raw = (obj.get("status") or {}).get("estimate") or {}
+        status = obj.get("status") or {}
+        raw = status.get("estimate") or {}
+        duration = (
+            msgspec.convert(status["estimatedDuration"], DurationBand)
+            if status.get("estimatedDuration")
+            else None
+        )
         name = (obj.get("metadata") or {}).get("name") or "?"
-        results.append(Estimated(kind.kind, kind.ref(name), namespace, msgspec.convert(raw, Estimate), etag))
+        estimate = msgspec.convert(raw, Estimate)
+        results.append(Estimated(kind.kind, kind.ref(name), namespace, estimate, etag, duration))
     _print(results, output)
     if refused or not results:
         if not results and not refused:

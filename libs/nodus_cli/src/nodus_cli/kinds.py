@@ -16,6 +16,7 @@ from nodus_schema.billing import Budget
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.serviceaccounts import ServiceAccount
 from nodus_schema.volumes import Volume, Workspace
 
@@ -52,6 +53,7 @@ OFFERING = Kind(
 VOLUME = Kind("Volume", "volume", "volumes", Volume, ("vol",))
 WORKSPACE = Kind("Workspace", "workspace", "workspaces", Workspace, ("ws",))
 SERVICE_ACCOUNT = Kind("ServiceAccount", "serviceaccount", "serviceaccounts", ServiceAccount, ("sa",))
+PIPELINE = Kind("Pipeline", "pipeline", "pipelines", Pipeline, ("pl",))
 KINDS: tuple[Kind, ...] = (
     SWEEP,
     JOB,
@@ -64,8 +66,9 @@ KINDS: tuple[Kind, ...] = (
     VOLUME,
     WORKSPACE,
     SERVICE_ACCOUNT,
+    PIPELINE,
 )
-COMPUTE_KINDS: tuple[Kind, ...] = (SWEEP, JOB)
+COMPUTE_KINDS: tuple[Kind, ...] = (SWEEP, JOB, PIPELINE)
 """The kinds with a spec to estimate and a run to wait for."""
 
 

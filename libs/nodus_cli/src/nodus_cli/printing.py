@@ -21,6 +21,7 @@ from nodus_cli.kinds import (
     JOB,
     NODE,
     OFFERING,
+    PIPELINE,
     SECRET,
     SERVICE_ACCOUNT,
     SWEEP,
@@ -28,6 +29,8 @@ from nodus_cli.kinds import (
     WORKSPACE,
     Kind,
 )
+from nodus_cli.pipelines import spent as pipeline_spent
+from nodus_cli.pipelines import stages_done
 from nodus_cli.tables import (
     NONE,
     age,
@@ -47,6 +50,7 @@ from nodus_schema.billing import Budget
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.quantities import micros_to_usd
 from nodus_schema.volumes import Volume, revision_of
 
@@ -146,6 +150,24 @@ JOB_COLUMNS: Final = (
     Column("ATTEMPTS", lambda j: _count(j.status.attempts), wide=True),
     Column("TOPOLOGY", lambda j: j.status.topology or NONE, wide=True),
     Column("MAX-COST", lambda j: usd(j.spec.max_cost_usd), wide=True),
+)
+
+
+# -- Pipelines (issue #22) ----------------------------------------------------------------------------------
+def _estimate_p50(p: Pipeline) -> str:
+    band = p.status.estimate.cost_usd if p.status.estimate else None
+    return usd(band.p50 if band else None)
+
+
+PIPELINE_COLUMNS: Final = (
+    NAME,
+    Column("STAGES", lambda p: "{}/{}".format(*stages_done(p))),
+    Column("PHASE", lambda p: phase_text(p.status.phase, p.status.reason)),
+    Column("COST", pipeline_spent),
+    AGE,
+    Column("RATE", lambda p: _rate(p.status.cost.rate_usd_per_hour if p.status.cost else None), wide=True),
+    Column("ESTIMATE", _estimate_p50, wide=True),
+    Column("MAX-COST", lambda p: usd(p.spec.max_cost_usd), wide=True),
 )
 
 
@@ -283,6 +305,7 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
     VOLUME.kind: VOLUME_COLUMNS,
     WORKSPACE.kind: WORKSPACE_COLUMNS,
     SERVICE_ACCOUNT.kind: (NAME, Column("ROLE", lambda a: a.spec.role or NONE), AGE),
+    PIPELINE.kind: PIPELINE_COLUMNS,
 }
 
 

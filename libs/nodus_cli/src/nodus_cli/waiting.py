@@ -1,9 +1,11 @@
-"""Waiting for a Sweep or Job to finish, with a one-line progress display (``nodus apply --wait``), and the
-rule for when following one is over (also ``get sweep NAME -w``'s).
+"""Waiting for a Sweep, Job or Pipeline to finish, with a one-line progress display (``nodus apply
+--wait``), and the rule for when following one is over (also ``get sweep NAME -w``'s).
 
-The line shows the phase, cells (or indexes) done of all, what was spent so far and the rate now. On a
+The line shows the phase, cells (indexes, stages) done of all, what was spent so far and the rate now. On a
 terminal it is rewritten in place (``\\r`` and erase-line) on stderr; into a pipe or a file each new state
-is a line of its own. The last state goes to stdout, so that ``nodus apply --wait > out`` keeps it.
+is a line of its own. A Pipeline's stage transitions are lines of their own on stderr too (``stage train:
+Running -> Succeeded (job flow-train, 5m00s, $0.33)``). The last state goes to stdout, so that ``nodus apply
+--wait > out`` keeps it; when it did not succeed, its message follows on stderr.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import msgspec
 
 from nodus_cli import exiting, watching
 from nodus_cli.client import ApiError
-from nodus_cli.kinds import SWEEP, Kind
+from nodus_cli.kinds import PIPELINE, SWEEP, Kind
+from nodus_cli.pipelines import stage_phases, stages_done, transitions
 from nodus_cli.reporting import status_text
 from nodus_cli.requesting import Requests
 from nodus_cli.tables import cells_done, phase_text, usd
@@ -70,6 +73,9 @@ def progress(kind: Kind, obj: Any) -> str:
     if kind is SWEEP:
         done, total = cells_done(obj)
         count = f"cells {done}/{total} done"
+    elif kind is PIPELINE:
+        done, total = stages_done(obj)
+        count = f"stages {done}/{total} succeeded"
     else:
         count = f"indexes {status.succeeded or 0}/{obj.spec.completions or 1} succeeded"
     cost = status.cost
@@ -104,17 +110,46 @@ class ProgressLine:
         self.last = ""
 
 
+class StageLog:
+    """A Pipeline's stage transitions as lines of their own, above the progress line."""
+
+    def __init__(self, line: ProgressLine) -> None:
+        self.line = line
+        self.phases: dict[str, str | None] = {}
+
+    def show(self, pipeline: Any) -> None:
+        changed = transitions(self.phases, pipeline)
+        self.phases = {**self.phases, **stage_phases(pipeline)}
+        if not changed:
+            return
+        self.line.close()
+        self.line.err.write("".join(f"{text}\n" for text in changed))
+        self.line.err.flush()
+
+
+def ended_text(kind: Kind, obj: Any) -> str | None:
+    """What stderr says after an object that did not succeed: its phase, reason and message."""
+    status = obj.status
+    if status.phase == "Succeeded" or not status.message:
+        return None
+    return f"{kind.ref(obj.metadata.name or '')} {phase_text(status.phase, status.reason)}: {status.message}"
+
+
 def wait(api: Requests, kind: Kind, namespace: str, name: str, *, start: dict[str, Any] | None = None) -> int:
-    """Follow one Sweep or Job until it ends: 0 if it Succeeded, 1 otherwise. Ctrl-C propagates (130).
-    ``start``: the object as its create returned it, followed from there (see :func:`watching.changes`)."""
+    """Follow one Sweep, Job or Pipeline until it ends: 0 if it Succeeded, 1 otherwise. Ctrl-C propagates
+    (130). ``start``: the object as its create returned it, followed from there (see
+    :func:`watching.changes`)."""
     ending = Ending(kind)
     line = ProgressLine()
+    stages = StageLog(line) if kind is PIPELINE else None
     try:
         for change in watching.changes(
             api, kind, namespace, name=name, timeout_s=ending.remaining, start=start
         ):
             code = ending.update(change)
             if ending.latest is not None and not ending.deleted:
+                if stages is not None:
+                    stages.show(ending.latest)
                 line.show(progress(kind, ending.latest))
             if code is not None:
                 line.close()
@@ -122,6 +157,8 @@ def wait(api: Requests, kind: Kind, namespace: str, name: str, *, start: dict[st
                     print(f"{kind.ref(name)} was deleted before it finished", file=sys.stderr)
                 else:
                     print(progress(kind, ending.latest), flush=True)
+                    if (why := ended_text(kind, ending.latest)) is not None:
+                        print(why, file=sys.stderr, flush=True)
                 return code
     except ApiError as e:
         line.close()

@@ -57,6 +57,7 @@ __all__ = [
     "EstimateReply",
     "EstimateRequest",
     "Money",
+    "PipelineCap",
     "QuoteRequest",
     "SlotPlan",
     "apply_money",
@@ -195,11 +196,26 @@ class EstimateReply(Wire):
     answers as a 422 Invalid. Never a capacity question: a known name nothing sells is a blocking reason."""
 
 
+class PipelineCap(Wire):
+    """The Pipeline a Job or Sweep is quoted as a stage of (issue #22): its one cap, shared by every stage."""
+
+    name: str
+    max_cost_usd: str | None = msgspec.field(default=None, name="maxCostUSD")
+    """The Pipeline's spec.maxCostUSD (None: no cap, and nothing to size)."""
+    uid: str | None = None
+    """A stored Pipeline's uid: what its stages already spent and hold is taken off the cap (billing's
+    book). None for a Pipeline not created yet (a dry run): the whole cap is left."""
+
+
 class QuoteRequest(Wire):
     """What billing prices: the original request (for caps) and the scheduler's reply to it."""
 
     request: EstimateRequest
     scheduled: EstimateReply
+    pipeline: PipelineCap | None = None
+    """Set when the Job or Sweep is a Pipeline's stage (optional): the first holds are then sized under
+    what the Pipeline's cap leaves too, as billing sizes them, and a stage that cannot start under it is
+    blocked with MaxCostReached. Left out, the stage is quoted as a Job or Sweep of its own."""
 
 
 # ---------------------------------------------------------------------------------------------------------

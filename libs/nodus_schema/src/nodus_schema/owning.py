@@ -37,8 +37,24 @@ def is_server_label(key: str) -> bool:
     return bool(slash) and (prefix == "nodus.dev" or prefix.endswith(".nodus.dev"))
 
 
+CONTROLLING_KINDS: Final = ("Sweep", "Pipeline")
+"""Kinds whose controller ownerReference only Nodus sets: a Sweep's cells, a Pipeline's stages (#22)."""
+
+
 def _controls_a_sweep(ref: OwnerReference) -> bool:
-    return bool(ref.controller) and ref.kind == "Sweep"
+    return bool(ref.controller) and ref.kind in CONTROLLING_KINDS
+
+
+def _only_nodus(ref: OwnerReference) -> str:
+    if ref.kind == "Sweep":
+        return (
+            f"only the sweep controller makes a Job a cell of Sweep {ref.name!r} (controller: true): it "
+            "creates every cell from the Sweep's matrix; remove this reference"
+        )
+    return (
+        f"only the sweep controller makes an object a stage of Pipeline {ref.name!r} (controller: true): "
+        "it creates every stage from the Pipeline's spec; remove this reference"
+    )
 
 
 def server_owned_errors(meta: ObjectMeta, old: ObjectMeta | None = None) -> list[FieldError]:
@@ -77,8 +93,7 @@ def server_owned_errors(meta: ObjectMeta, old: ObjectMeta | None = None) -> list
         if _controls_a_sweep(ref) and ref not in before:
             errs.forbidden(
                 refs.index(i).child("controller"),
-                f"only the sweep controller makes a Job a cell of Sweep {ref.name!r} (controller: true): it "
-                "creates every cell from the Sweep's matrix; remove this reference"
+                _only_nodus(ref)
                 + (
                     ", or keep the one the object has, unchanged"
                     if any(map(_controls_a_sweep, before))

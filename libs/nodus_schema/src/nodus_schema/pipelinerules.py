@@ -35,7 +35,14 @@ from nodus_schema.validating import (
 )
 from nodus_schema.wire import API_VERSION
 
-__all__ = ["MAX_PIPELINE_NAME", "find_cycle", "stage_inputs", "stage_outputs", "validate_pipeline"]
+__all__ = [
+    "MAX_PIPELINE_NAME",
+    "find_cycle",
+    "stage_inputs",
+    "stage_outputs",
+    "stage_spec",
+    "validate_pipeline",
+]
 
 MAX_PIPELINE_NAME: Final = 40
 """So that ``<pipeline>-<stage>`` can fit a child's name with a short stage name."""
@@ -194,6 +201,20 @@ def _join(base: Path, rel: Path) -> Path:
     return out
 
 
+def _cell_names(errs: ErrorList, stages: list[Stage]) -> None:
+    """A stage named like a cell of a Sweep stage (``grid-0`` beside Sweep stage ``grid``) would take that
+    cell's name (``<pipeline>-grid-0``): refused, naming the Sweep stage."""
+    sweeps = {s.name for s in stages if s.name and s.template.sweep is not None}
+    for _, stage, sp in _indexed(stages):
+        base, dash, tail = (stage.name or "").rpartition("-")
+        if dash and tail.isdigit() and base in sweeps:
+            errs.invalid(
+                sp.child("name"),
+                stage.name,
+                f"its child would take the name of cell {tail} of Sweep stage {base!r}; choose another name",
+            )
+
+
 def _stages(errs: ErrorList, pipeline: Pipeline) -> None:
     stages = pipeline.spec.stages
     path = Path("spec").child("stages")
@@ -213,6 +234,7 @@ def _stages(errs: ErrorList, pipeline: Pipeline) -> None:
         _template(errs, sp, pipeline.metadata.name or "", stage)
         _depends_on(errs, sp, stage, known)
         _flows(errs, sp, stage, by_name)
+    _cell_names(errs, stages)
     cycle = find_cycle({s.name: list(s.depends_on) for s in stages if s.name})
     if cycle is not None:
         at = next(sp for _, s, sp in _indexed(stages) if s.name == cycle[0])

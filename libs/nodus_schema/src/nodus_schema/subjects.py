@@ -38,6 +38,7 @@ from nodus_schema.noding import (
     secrets_subject,
 )
 from nodus_schema.offerings import Offering
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.serviceaccounts import ServiceAccount
 from nodus_schema.sweeps import Sweep
 from nodus_schema.volumes import Blob, Volume, Workspace
@@ -89,6 +90,7 @@ KV_TYPES: Final[dict[str, tuple[str, Any]]] = {
     "workspaces": ("Workspace", Workspace),
     "blobs": ("Blob", Blob),
     "serviceaccounts": ("ServiceAccount", ServiceAccount),
+    "pipelines": ("Pipeline", Pipeline),
 }
 """Bucket -> the type of its values (docs/bus.md, "KeyValue buckets")."""
 

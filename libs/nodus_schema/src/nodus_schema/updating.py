@@ -3,6 +3,8 @@
 Everything in a spec is immutable after create except a short list per kind (the reference's words):
 
 * Sweep: maxParallel, maxCostUSD (raise only) and state;
+* Pipeline (issue #22): maxCostUSD (raise only) and state; its stages never change (the sweep controller
+  creates each stage's child from them as admitted, as it creates a Sweep's cells from its matrix);
 * Job: parallelism, backoffLimit, timeout (and its alias activeDeadlineSeconds), maxCostUSD (raise only),
   recovery.maxAttempts, recovery.checkpoint.interval and retainAfterFinish, ttlSecondsAfterFinished and state.
 
@@ -30,10 +32,19 @@ from nodus_schema.defaulting import default_job, default_sweep
 from nodus_schema.fielding import ErrorList, FieldError, Path
 from nodus_schema.jobs import Job
 from nodus_schema.meta import ObjectMeta
+from nodus_schema.pipelines import Pipeline, Stage, StageTemplate
 from nodus_schema.quantities import parse_usd
 from nodus_schema.sweeps import Sweep
 
-__all__ = ["JOB_MUTABLE", "SWEEP_MUTABLE", "validate_job_update", "validate_sweep_update", "validate_update"]
+__all__ = [
+    "JOB_MUTABLE",
+    "PIPELINE_MUTABLE",
+    "SWEEP_MUTABLE",
+    "validate_job_update",
+    "validate_pipeline_update",
+    "validate_sweep_update",
+    "validate_update",
+]
 
 SWEEP_MUTABLE: Final = frozenset({"spec.maxParallel", "spec.maxCostUSD", "spec.state"})
 JOB_MUTABLE: Final = frozenset(
@@ -50,6 +61,8 @@ JOB_MUTABLE: Final = frozenset(
         "spec.state",
     }
 )
+
+PIPELINE_MUTABLE: Final = frozenset({"spec.maxCostUSD", "spec.state"})
 
 _CANCELLED: Final = "Cancelled"
 
@@ -127,14 +140,41 @@ def validate_job_update(old: Job, new: Job) -> list[FieldError]:
     return errs.as_list()
 
 
+def _defaulted_stage(stage: Stage) -> Stage:
+    """A stage with its template's defaults filled in, for comparing only: a Pipeline is stored as sent."""
+    t = stage.template
+    job = default_job(Job(spec=t.job)).spec if t.job is not None else None
+    sweep = default_sweep(Sweep(spec=t.sweep)).spec if t.sweep is not None else None
+    return msgspec.structs.replace(stage, template=StageTemplate(job=job, sweep=sweep))
+
+
+def validate_pipeline_update(old: Pipeline, new: Pipeline) -> list[FieldError]:
+    """What is wrong with changing ``old`` into ``new``, every problem at once: the stages are compared with
+    their templates defaulted (``"H100:1"`` and its object form are the same stage)."""
+    errs = ErrorList()
+    _metadata(errs, old.metadata, new.metadata)
+    if old.spec.stages != new.spec.stages:
+        before = [_defaulted_stage(s) for s in old.spec.stages]
+        after = [_defaulted_stage(s) for s in new.spec.stages]
+        _diff(errs, Path("spec").child("stages"), before, after, PIPELINE_MUTABLE)
+    _cost_cap(errs, "spec.maxCostUSD", old.spec.max_cost_usd, new.spec.max_cost_usd)
+    _state(errs, "spec.state", old.spec.state, new.spec.state)
+    return errs.as_list()
+
+
 @overload
 def validate_update(old: Sweep, new: Sweep) -> list[FieldError]: ...
 @overload
 def validate_update(old: Job, new: Job) -> list[FieldError]: ...
-def validate_update(old: Sweep | Job, new: Sweep | Job) -> list[FieldError]:
-    """Dispatch on the kind: :func:`validate_sweep_update` or :func:`validate_job_update`."""
+@overload
+def validate_update(old: Pipeline, new: Pipeline) -> list[FieldError]: ...
+def validate_update(old: Sweep | Job | Pipeline, new: Sweep | Job | Pipeline) -> list[FieldError]:
+    """Dispatch on the kind: :func:`validate_sweep_update`, :func:`validate_job_update` or
+    :func:`validate_pipeline_update`."""
     if isinstance(old, Sweep) and isinstance(new, Sweep):
         return validate_sweep_update(old, new)
     if isinstance(old, Job) and isinstance(new, Job):
         return validate_job_update(old, new)
+    if isinstance(old, Pipeline) and isinstance(new, Pipeline):
+        return validate_pipeline_update(old, new)
     raise TypeError(f"cannot update a {type(old).__name__} into a {type(new).__name__}")

@@ -19,6 +19,7 @@ from nodus_schema.billing import Budget
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.volumes import Volume, Workspace
 from nodus_sdk.requesting import Call, body_of, collection_path, decode_body, item_path, query, typed
 
@@ -58,6 +59,7 @@ OFFERINGS: Final = Kind("offerings", "Offering", Offering, namespaced=False)
 PROJECTS: Final = Kind("projects", "Project", Project, namespaced=False)
 VOLUMES: Final = Kind("volumes", "Volume", Volume)
 WORKSPACES: Final = Kind("workspaces", "Workspace", Workspace)
+PIPELINES: Final = Kind("pipelines", "Pipeline", Pipeline)
 KINDS: Final[tuple[Kind[Any], ...]] = (
     SWEEPS,
     JOBS,
@@ -70,6 +72,7 @@ KINDS: Final[tuple[Kind[Any], ...]] = (
     PROJECTS,
     VOLUMES,
     WORKSPACES,
+    PIPELINES,
 )
 
 

@@ -24,6 +24,7 @@ from nodus_schema.billing import Account, Budget, Invoice, UsageList
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.results import SweepResults
 from nodus_schema.volumes import Volume, Workspace, workspace_path
 from nodus_sdk import accessing, uploading
@@ -50,6 +51,7 @@ from nodus_sdk.resources import (
     NODES,
     OFFERINGS,
     PAGE_SIZE,
+    PIPELINES,
     PROJECTS,
     SECRETS,
     SWEEPS,
@@ -103,6 +105,7 @@ class Client:
         self.projects: Resource[Project] = Resource(self, PROJECTS, p)
         self.volumes: VolumeResource = VolumeResource(self, VOLUMES, p)
         self.workspaces: WorkspaceResource = WorkspaceResource(self, WORKSPACES, p)
+        self.pipelines: Resource[Pipeline] = Resource(self, PIPELINES, p)
 
     @property
     def project(self) -> str:

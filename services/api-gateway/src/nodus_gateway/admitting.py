@@ -45,6 +45,7 @@ from nodus_schema.estimating import (
 )
 from nodus_schema.meta import ManagedFieldsEntry, now_rfc3339
 from nodus_schema.owning import server_owned_errors
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.updating import validate_update
 
 # The alphabet Kubernetes uses for generateName suffixes: no vowels (no words), no look-alikes (0/o, 1/l).
@@ -192,11 +193,12 @@ def update_errors(res: Resource, old: Any, new: Any) -> list[FieldError]:
     """What is wrong with the change itself: immutable fields, raise-only caps (the reference's rules).
 
     A resource row may bring its own rules (a ``validate_update`` attribute); Sweeps and Jobs have
-    nodus_schema's; a kind with neither has no rules beyond its identity (checked by the caller)."""
+    nodus_schema's, and so do Pipelines (their stages never change); a kind with neither has no rules beyond
+    its identity (checked by the caller)."""
     own = getattr(res, "validate_update", None)
     if callable(own):
         return list(own(old, new))
-    if isinstance(old, Sweep | Job):
+    if isinstance(old, Sweep | Job | Pipeline):
         return validate_update(old, new)
     return []
 

@@ -1,10 +1,10 @@
 """Expiry of blobs nothing refers to (ADR-0036): an upload nobody runs must not cost storage for ever.
 
-A blob may go when **nothing refers to it** (no Job or Sweep of its project names it as ``source.blob``,
-and no revision of a Volume of its project is it) **and it was not used** for ``NODUS_BLOB_TTL`` (7 days:
-long enough for a code upload that waits for a rerun, or a revision pushed before the Job that reads it is
-written). "Used" is the record's ``lastUsedTime``: set at upload, at each admission that names it (at most
-hourly), and when it becomes a revision.
+A blob may go when **nothing refers to it** (no Job, Sweep or Pipeline stage of its project names it as
+``source.blob``, and no revision of a Volume of its project is it) **and it was not used** for
+``NODUS_BLOB_TTL`` (7 days: long enough for a code upload that waits for a rerun, or a revision pushed
+before the Job that reads it is written). "Used" is the record's ``lastUsedTime``: set at upload, at each
+admission that names it (at most hourly), and when it becomes a revision.
 
 **Safe against a use that races the sweep.** The record goes first, by compare-and-set on the revision the
 sweep judged, and the store's object only after: a use touches the record (a new revision), so either
@@ -33,6 +33,8 @@ from nodus_kit import errors as kit
 from nodus_schema import Job, Sweep
 from nodus_schema.jobs import JobSpec
 from nodus_schema.meta import parse_time
+from nodus_schema.pipelinerules import stage_spec
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.volumes import Blob, Volume, blob_key
 
 log = logging.getLogger(__name__)
@@ -53,9 +55,18 @@ def _source_blob(spec: JobSpec) -> str | None:
     return spec.source.blob if spec.source is not None else None
 
 
-def referenced(jobs: Iterable[Job], sweeps: Iterable[Sweep], volumes: Iterable[Volume]) -> set[str]:
-    """The digests a project's objects refer to. Pure."""
+def referenced(
+    jobs: Iterable[Job],
+    sweeps: Iterable[Sweep],
+    volumes: Iterable[Volume],
+    pipelines: Iterable[Pipeline] = (),
+) -> set[str]:
+    """The digests a project's objects refer to (a Pipeline's: every stage's, created or not). Pure."""
     found: set[str] = set()
+    for pipeline in pipelines:
+        for stage in pipeline.spec.stages:
+            spec = stage_spec(stage)
+            found.add((_source_blob(spec) if spec is not None else None) or "")
     for job in jobs:
         found.add(_source_blob(job.spec) or "")
     for sweep in sweeps:
@@ -114,7 +125,8 @@ class BlobReaper:
         jobs = (await self.stores["jobs"].list(namespace)).items
         sweeps = (await self.stores["sweeps"].list(namespace)).items
         volumes = (await self.stores["volumes"].list(namespace)).items
-        return referenced(jobs, sweeps, volumes)
+        pipelines = (await self.stores["pipelines"].list(namespace)).items
+        return referenced(jobs, sweeps, volumes, pipelines)
 
     async def delete(self, namespace: str, blob: Blob) -> bool:
         """Delete ``blob`` as it was judged: its record by compare-and-set on the revision read (False when

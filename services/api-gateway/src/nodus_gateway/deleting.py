@@ -1,14 +1,17 @@
 """Deletes with Kubernetes' DeleteOptions: preconditions and the propagation policy to owned objects.
 
-An object owns others through their ``metadata.ownerReferences`` (a Sweep owns its cell Jobs). Deleting
-the owner, per ``propagationPolicy``:
+An object owns others through their ``metadata.ownerReferences`` (a Sweep owns its cell Jobs; a Pipeline
+owns its stages' Jobs and Sweeps, issue #22, and through each Sweep that Sweep's cells). Deleting the owner,
+per ``propagationPolicy``:
 
 * Background (the default): the owner goes at once and the owned objects are collected after, by the
-  owner's controller (the sweep controller deletes the cells of a Sweep that no longer exists), as
-  Kubernetes' garbage collector does;
-* Foreground: the owned objects go first, then the owner. Kubernetes keeps the owner visible with a
-  deletionTimestamp meanwhile; here the request waits instead and returns the deleted owner;
-* Orphan: the owned objects stay, without their ownerReference to the owner, so nothing collects them.
+  owner's controller (the sweep controller deletes the cells of a Sweep, and the children of a Pipeline,
+  that no longer exists), as Kubernetes' garbage collector does;
+* Foreground: the owned objects go first, then the owner, all the way down (a Pipeline's Sweep goes after
+  its own cells). Kubernetes keeps the owner visible with a deletionTimestamp meanwhile; here the request
+  waits instead and returns the deleted owner;
+* Orphan: the owned objects stay, without their ownerReference to the owner, so nothing collects them
+  (only the owner's own: a Pipeline's orphaned Sweep still owns its cells).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ BACKGROUND: Final = "Background"
 ORPHAN: Final = "Orphan"
 POLICIES: Final = (FOREGROUND, BACKGROUND, ORPHAN)
 
-DEPENDENTS: Final[dict[str, tuple[str, ...]]] = {"sweeps": ("jobs",)}
+DEPENDENTS: Final[dict[str, tuple[str, ...]]] = {"sweeps": ("jobs",), "pipelines": ("jobs", "sweeps")}
 """Which resources may hold objects owned by an object of a resource (by plural). Kubernetes' garbage
 collector looks at every resource; a short table keeps a Job's delete from reading other buckets."""
 # A delete whose only precondition is a uid retries a lost race this often: the uid still holds.
@@ -97,13 +100,13 @@ async def delete_object(
         return current
     uid = current.metadata.uid
     if options.propagation == ORPHAN:
-        await _orphan(res, stores, namespace, uid)
+        await _orphan(res.plural, stores, namespace, uid)
     elif options.propagation == FOREGROUND:
-        await _delete_dependents(res, stores, namespace, uid)
+        await _delete_dependents(res.plural, stores, namespace, uid)
     deleted = await _delete_checked(res, store, current, options)
     if options.propagation == FOREGROUND:
         # Owned objects a controller created while the owner was going: they go too.
-        await _delete_dependents(res, stores, namespace, uid)
+        await _delete_dependents(res.plural, stores, namespace, uid)
     return deleted
 
 
@@ -145,28 +148,28 @@ async def _delete_checked(res: Resource, store: Any, current: Any, options: Dele
     raise kit.Conflict(f"{res.plural} {meta.namespace}/{meta.name} kept changing; try again")
 
 
-async def _owned(
-    res: Resource, stores: Stores, namespace: str | None, uid: str | None
-) -> list[tuple[str, Any]]:
-    """(plural, object) of every object in ``namespace`` owned by the object ``uid``."""
+async def _owned(owner: str, stores: Stores, namespace: str | None, uid: str | None) -> list[tuple[str, Any]]:
+    """(plural, object) of every object in ``namespace`` owned by the object ``uid`` (of plural ``owner``)."""
     if not uid:
         return []
     out: list[tuple[str, Any]] = []
-    for plural in DEPENDENTS.get(res.plural, ()):
+    for plural in DEPENDENTS.get(owner, ()):
         page = await stores[plural].list(namespace)
         out += [(plural, o) for o in page.items if any(r.uid == uid for r in o.metadata.owner_references)]
     return out
 
 
-async def _delete_dependents(res: Resource, stores: Stores, namespace: str | None, uid: str | None) -> None:
-    for plural, obj in await _owned(res, stores, namespace, uid):
+async def _delete_dependents(owner: str, stores: Stores, namespace: str | None, uid: str | None) -> None:
+    """Delete what the object ``uid`` owns, each after what it owns in turn (Foreground all the way down)."""
+    for plural, obj in await _owned(owner, stores, namespace, uid):
+        await _delete_dependents(plural, stores, namespace, obj.metadata.uid)
         try:
             await stores[plural].delete(namespace, obj.metadata.name)
         except kit.NotFound:
             pass  # gone already: what was wanted
 
 
-async def _orphan(res: Resource, stores: Stores, namespace: str | None, uid: str | None) -> None:
+async def _orphan(owner: str, stores: Stores, namespace: str | None, uid: str | None) -> None:
     """Remove the owner's reference from each owned object (their labels stay, as in Kubernetes)."""
 
     def without_owner(obj: Any) -> Any:
@@ -174,7 +177,7 @@ async def _orphan(res: Resource, stores: Stores, namespace: str | None, uid: str
         meta = msgspec.structs.replace(obj.metadata, owner_references=refs)
         return msgspec.structs.replace(obj, metadata=meta)
 
-    for plural, obj in await _owned(res, stores, namespace, uid):
+    for plural, obj in await _owned(owner, stores, namespace, uid):
         try:
             await stores[plural].mutate(namespace, obj.metadata.name, without_owner)
         except kit.NotFound:

@@ -3,7 +3,9 @@
 The gateway only asks. The scheduler answers which capacity a create would use, at what rate and for how
 long (``nodus.rpc.scheduler.estimate``); billing prices that plan (``nodus.rpc.billing.quote``). The two
 requests are sequential core-NATS round trips, made only for the compute kinds (Sweeps and Jobs): the
-kinds with a spec to estimate.
+kinds with a spec to estimate. A Pipeline (issue #22) is estimated stage by stage, each stage as the Job
+or Sweep it creates, and put together by :mod:`nodus_gateway.chaining` (:mod:`nodus_gateway.staging`);
+:func:`with_estimate` writes its critical path into ``status.estimatedDuration`` beside the estimate.
 
 "Nobody answers" is cheap to find out: NATS answers a request on a subject without subscribers with "no
 responders" at once (``messaging.request`` raises :class:`~nodus_kit.errors.Unavailable`). Even so, once
@@ -27,13 +29,14 @@ import logging
 import os
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
 import msgspec
 from nats.aio.client import Client as NATS
 
+from nodus_gateway.chaining import PipelineEstimate
 from nodus_gateway.resources import Resource, resource
 from nodus_gateway.responding import ApiError, invalid
 from nodus_kit import errors as kit
@@ -41,12 +44,15 @@ from nodus_kit import messaging
 from nodus_kit.storing import ObjectStore
 from nodus_schema import Job, Sweep
 from nodus_schema.costs import DurationBand, Estimate, EstimateWarning, StartupEstimate
+from nodus_schema.errors import StatusCause
 from nodus_schema.estimating import (
     ESTIMATE_SUBJECT,
     QUOTE_SUBJECT,
     EstimateReply,
     EstimateRequest,
+    PipelineCap,
     QuoteRequest,
+    SlotPlan,
 )
 from nodus_schema.fielding import CauseType, FieldError
 from nodus_schema.jobs import JobSpec
@@ -59,8 +65,8 @@ ESTIMATE_TIMEOUT_S: Final = 2.0
 """Each of the two requests; a service that is up answers in milliseconds."""
 UNANSWERED_PAUSE_S: Final = 1.0
 """After the services did not answer, how long real creates go on without asking."""
-COMPUTE_KINDS: Final = frozenset({"Job", "Sweep"})
-"""The kinds that carry ``status.estimate``."""
+COMPUTE_KINDS: Final = frozenset({"Job", "Sweep", "Pipeline"})
+"""The kinds that carry ``status.estimate`` (and whose create an ``If-Match`` binds to a dry run's)."""
 DEFAULT_DOWNLOAD_BPS: Final = 200_000_000
 """Bytes per second a node downloads a Volume revision at (``NODUS_ESTIMATE_DOWNLOAD_BPS``)."""
 LARGE_DOWNLOAD_BYTES: Final = 10 * 1024**3
@@ -68,7 +74,7 @@ LARGE_DOWNLOAD_BYTES: Final = 10 * 1024**3
 
 
 def estimable(res: Resource) -> bool:
-    """Whether objects of this resource are estimated (Sweeps and Jobs)."""
+    """Whether objects of this resource are estimated (Sweeps, Jobs and Pipelines)."""
     return res.kind in COMPUTE_KINDS
 
 
@@ -82,20 +88,70 @@ def estimate_request(res: Resource, obj: Any) -> EstimateRequest:
 
 async def ask(nc: NATS, res: Resource, obj: Any, *, timeout: float | None = None) -> Estimate:
     """The priced estimate of ``obj``: the scheduler's, then billing's, each within ``timeout`` (default
-    :data:`ESTIMATE_TIMEOUT_S`). Raises the kit's errors: :class:`~nodus_kit.errors.Unavailable` (nobody
-    serves a subject), :class:`~nodus_kit.errors.Timeout`, :class:`~nodus_kit.errors.Invalid` (a spec the
-    services cannot estimate), or what a service answered; and the 422 :class:`ApiError` of
-    :func:`unknown_names` for a spec that names what the scheduler's catalog does not know."""
+    :data:`ESTIMATE_TIMEOUT_S`); a Pipeline's from its stages' (a
+    :class:`~nodus_gateway.chaining.PipelineEstimate`). Raises the kit's errors:
+    :class:`~nodus_kit.errors.Unavailable` (nobody serves a subject), :class:`~nodus_kit.errors.Timeout`,
+    :class:`~nodus_kit.errors.Invalid` (a spec the services cannot estimate), or what a service answered;
+    and the 422 :class:`ApiError` of :func:`unknown_names` for a spec that names what the scheduler's
+    catalog does not know."""
+    if res.kind == "Pipeline":
+        # Imported here: staging asks each stage through plan() below.
+        from nodus_gateway.staging import ask_stages
+
+        return await ask_stages(nc, obj, timeout=timeout)
+    planned = await plan(nc, res, obj, timeout=timeout)
+    if planned.invalid:
+        raise unknown_names(res, obj, planned.invalid)
+    return planned.estimate
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One Job's or Sweep's priced estimate and the scheduler's slot plan behind it (what a Pipeline's
+    critical path reads), or the causes of the names the scheduler's catalog does not know (``invalid``;
+    billing is then not asked)."""
+
+    estimate: Estimate
+    slots: list[SlotPlan] = field(default_factory=list)
+    download: timedelta = timedelta(0)
+    """The Volume download :func:`with_downloads` added to the cold startup band."""
+    invalid: list[StatusCause] = field(default_factory=list)
+
+
+async def plan(
+    nc: NATS,
+    res: Resource,
+    obj: Any,
+    *,
+    timeout: float | None = None,
+    pipeline: PipelineCap | None = None,
+) -> Planned:
+    """:func:`ask` of a Job or Sweep, with the plan; unknown names are returned, not raised. ``pipeline``:
+    the Pipeline it is a stage of, whose shared cap billing sizes its first holds under (#22)."""
     timeout = ESTIMATE_TIMEOUT_S if timeout is None else timeout
     request = estimate_request(res, obj)
     scheduled = await messaging.request(nc, ESTIMATE_SUBJECT, request, EstimateReply, timeout=timeout)
     if scheduled.invalid:
         resume(nc)  # the scheduler answers: creates ask again at once
-        raise unknown_names(res, obj, scheduled)
-    quote = QuoteRequest(request=request, scheduled=scheduled)
+        return Planned(scheduled.estimate, invalid=scheduled.invalid)
+    quote = QuoteRequest(request=request, scheduled=scheduled, pipeline=pipeline)
     priced = await messaging.request(nc, QUOTE_SUBJECT, quote, EstimateReply, timeout=timeout)
     resume(nc)  # they answer: creates ask again at once
-    return with_downloads(priced.estimate, await download_bytes(nc, obj), res.kind)
+    size = await download_bytes(nc, obj)
+    estimate = with_downloads(priced.estimate, size, res.kind)
+    return Planned(estimate, scheduled.slots, download_time(size) if size > 0 else timedelta(0))
+
+
+def with_estimate(obj: Any, estimate: Estimate) -> Any:
+    """``obj`` with ``estimate`` in ``status.estimate``; a Pipeline's critical path (the band a
+    :class:`~nodus_gateway.chaining.PipelineEstimate` carries) in ``status.estimatedDuration``."""
+    if isinstance(estimate, PipelineEstimate):
+        status = msgspec.structs.replace(
+            obj.status, estimate=estimate.plain(), estimated_duration=estimate.duration
+        )
+    else:
+        status = msgspec.structs.replace(obj.status, estimate=estimate)
+    return msgspec.structs.replace(obj, status=status)
 
 
 # -- Volume downloads (ADR-0036) ---------------------------------------------------------------------------
@@ -143,13 +199,20 @@ def download_bps(env: Any = None) -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_DOWNLOAD_BPS
 
 
+def download_time(size: int, bps: int | None = None) -> timedelta:
+    """How long ``size`` bytes take at ``bps`` (default :func:`download_bps`): whole microseconds, rounded
+    up."""
+    rate = bps if bps is not None else download_bps()
+    return timedelta(microseconds=-(-size * 1_000_000 // rate))
+
+
 def with_downloads(estimate: Estimate, size: int, kind: str, bps: int | None = None) -> Estimate:
     """``estimate`` with ``size`` bytes' download time added to the cold startup band (p50 and p90), and
     the LargeDownload warning above :data:`LARGE_DOWNLOAD_BYTES`. Exact: whole microseconds, rounded up."""
     if size <= 0:
         return estimate
     rate = bps if bps is not None else download_bps()
-    extra = timedelta(microseconds=-(-size * 1_000_000 // rate))
+    extra = download_time(size, rate)
     startup = estimate.startup or StartupEstimate()
     cold = startup.cold or DurationBand()
     cold = DurationBand(p50=_plus(cold.p50, extra), p90=_plus(cold.p90, extra))
@@ -175,13 +238,12 @@ def _plus(band: str | None, extra: timedelta) -> str:
     return format_duration(base + extra)
 
 
-def unknown_names(res: Resource, obj: Any, scheduled: EstimateReply) -> ApiError:
+def unknown_names(res: Resource, obj: Any, named: list[StatusCause]) -> ApiError:
     """The 422 for the names the scheduler's catalog does not know (``EstimateReply.invalid``): a GPU type,
     a region class or an offering, each a cause on its field with the closest known names. A mistake in the
     spec, so never the 503 of capacity a client would retry (``nodus_schema.naming``)."""
     causes = [
-        FieldError(c.field or "", _cause_type(c.reason), c.message or "Unsupported value")
-        for c in scheduled.invalid
+        FieldError(c.field or "", _cause_type(c.reason), c.message or "Unsupported value") for c in named
     ]
     return invalid(res, obj.metadata.name or obj.metadata.generate_name, causes)
 

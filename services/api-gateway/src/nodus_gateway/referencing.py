@@ -1,8 +1,9 @@
-"""Admission checks that read other objects: the code and data a Job or Sweep names (ADR-0036).
+"""Admission checks that read other objects: the code and data a Job, Sweep or Pipeline names (ADR-0036).
 
 :func:`resolve` runs on a create after the pure rules passed and before the write (and before an
-``If-Match`` binding, so a dry run's ETag covers the spec as it will be stored). For a Job's spec, or a
-Sweep's ``spec.template.spec``, it checks:
+``If-Match`` binding, so a dry run's ETag covers the spec as it will be stored). For a Job's spec, a
+Sweep's ``spec.template.spec``, or each stage's of a Pipeline (``spec.stages[i].template.job``,
+``spec.stages[i].template.sweep.template.spec``; issue #22), it checks:
 
 * ``source.blob``: the project uploaded that blob;
 * ``source.git``: the repository answers ``git ls-remote`` and has the ref (gitrefs.py);
@@ -13,7 +14,9 @@ Sweep's ``spec.template.spec``, it checks:
 * ``serviceAccountName``: the ServiceAccount exists, and the gateway has a URL to give runs (ADR-0037);
 
 and answers one 422 listing every problem at its wire path. A writable mount's Volume held by another
-unfinished Job is a 409 Conflict naming it.
+unfinished Job is a 409 Conflict naming it (a Job's create only: a Sweep's cells and a Pipeline's children
+are created later by the sweep controller). A stage's ``fromStage`` inputs name what another stage will
+write: nothing to read here (``nodus_schema.pipelinerules`` checks what they name).
 
 **The writer claim** (``Volume.status.writer``: the Job's name and uid). The store stamps the uid at the
 write, so the claim is taken just after it (:func:`claim_writers`, by compare-and-set on the Volume):
@@ -23,9 +26,10 @@ answer is 409. Claiming after the write, not before, is what makes two concurren
 claimant always exists when another create looks at it, so "not found" can only mean gone. A dry run
 checks the claim and takes nothing.
 
-Updates: spec.source, spec.volumes and spec.inputs are immutable (nodus_schema.updating), so an update is
-not checked again; :func:`kept_pins` carries the pinned revisions of the stored spec into an update that
-leaves them out (re-applying the manifest a Job was created from is not a change).
+Updates: spec.source, spec.volumes and spec.inputs are immutable (nodus_schema.updating; a Pipeline's
+stages as a whole), so an update is not checked again; :func:`kept_pins` carries the pinned revisions of the
+stored spec into an update that leaves them out (re-applying the manifest a Job was created from is not a
+change; a Pipeline's stage keeps its own stored stage's, by name).
 
 Blob records read here are the project's own (keyed by namespace): a digest of another project's upload is
 "not found" here too, so probing digests learns nothing.
@@ -62,6 +66,8 @@ from nodus_schema import CauseType, FieldError, Job, Sweep
 from nodus_schema.configs import Connection, GitConnection, Secret
 from nodus_schema.fielding import Path
 from nodus_schema.jobs import TERMINAL_PHASES, GitSource, JobInput, JobSpec, VolumeMount
+from nodus_schema.pipelinerules import stage_spec
+from nodus_schema.pipelines import Pipeline, Stage, StageTemplate
 from nodus_schema.volumes import Volume, VolumeRevision, VolumeWriter, revision_of
 
 BLOB_FIX: Final = (
@@ -106,6 +112,44 @@ def with_spec(obj: Any, spec: JobSpec) -> Any:
         return msgspec.structs.replace(obj, spec=spec)
     template = msgspec.structs.replace(obj.spec.template, spec=spec)
     return msgspec.structs.replace(obj, spec=msgspec.structs.replace(obj.spec, template=template))
+
+
+def specs_at(obj: Any) -> list[tuple[JobSpec, Path]]:
+    """Every JobSpec ``obj`` runs, with its wire path: a Job's or Sweep's one, a Pipeline's stages' in order
+    (a stage without a template has none); none for other kinds."""
+    if not isinstance(obj, Pipeline):
+        one = spec_at(obj)
+        return [one] if one is not None else []
+    out: list[tuple[JobSpec, Path]] = []
+    for i, stage in enumerate(obj.spec.stages):
+        spec, tp = stage_spec(stage), Path("spec").child("stages").index(i).child("template")
+        if spec is None:
+            continue
+        if stage.template.job is not None:
+            out.append((spec, tp.child("job")))
+        else:
+            out.append((spec, tp.child("sweep").child("template").child("spec")))
+    return out
+
+
+def _withstage_spec(stage: Stage, spec: JobSpec) -> Stage:
+    t = stage.template
+    if t.job is not None:
+        return msgspec.structs.replace(stage, template=StageTemplate(job=spec))
+    assert t.sweep is not None
+    template = msgspec.structs.replace(t.sweep.template, spec=spec)
+    return msgspec.structs.replace(
+        stage, template=StageTemplate(sweep=msgspec.structs.replace(t.sweep, template=template))
+    )
+
+
+def with_specs(obj: Any, specs: list[JobSpec]) -> Any:
+    """``obj`` with the JobSpecs :func:`specs_at` found replaced by ``specs``, in the same order."""
+    if not isinstance(obj, Pipeline):
+        return with_spec(obj, specs[0]) if specs else obj
+    left = iter(specs)
+    stages = [s if stage_spec(s) is None else _withstage_spec(s, next(left)) for s in obj.spec.stages]
+    return msgspec.structs.replace(obj, spec=msgspec.structs.replace(obj.spec, stages=stages))
 
 
 # -- the checks ----------------------------------------------------------------------------------------------
@@ -420,18 +464,11 @@ def _older(stamp: str, than: datetime) -> bool:
 
 
 # -- the entry points ----------------------------------------------------------------------------------------
-async def resolve(
-    stores: Stores, settings: ReferenceSettings, namespace: str, obj: Any, *, dry_run: bool = False
-) -> Any:
-    """``obj`` (an admitted Job or Sweep; anything else is returned as it is) with its Volume revisions
-    pinned; raises 422 Invalid with every problem, or 409 Conflict for a Volume another Job writes.
-    ``settings``: how to ask git hosts, and the URL runs reach the API at. A dry run touches no blob
-    record."""
-    where = spec_at(obj)
-    if where is None:
-        return obj
-    spec, path = where
-    check = _Check(stores, namespace)
+async def _resolve_spec(
+    check: _Check, settings: ReferenceSettings, spec: JobSpec, path: Path
+) -> tuple[JobSpec, str | None]:
+    """``spec`` with its Volume revisions pinned, and the fix of a cause on its ``serviceAccountName`` (None
+    when there is none); every problem is added to ``check``."""
     git = spec.source.git if spec.source is not None else None
     git_check: Awaitable[None] | None = None
     if git is not None:
@@ -450,29 +487,54 @@ async def resolve(
     finally:
         if git_check is not None:
             await git_check
+    return msgspec.structs.replace(spec, volumes=mounts, inputs=inputs), fix
+
+
+def _plural(obj: Any) -> str:
+    if isinstance(obj, Pipeline):
+        return "pipelines"
+    return "jobs" if isinstance(obj, Job) else "sweeps"
+
+
+async def resolve(
+    stores: Stores, settings: ReferenceSettings, namespace: str, obj: Any, *, dry_run: bool = False
+) -> Any:
+    """``obj`` (an admitted Job, Sweep or Pipeline; anything else is returned as it is) with its Volume
+    revisions pinned; raises 422 Invalid with every problem, or 409 Conflict for a Volume another Job
+    writes. ``settings``: how to ask git hosts, and the URL runs reach the API at. A dry run touches no blob
+    record."""
+    where = specs_at(obj)
+    if not where:
+        return obj
+    check = _Check(stores, namespace)
+    resolved: list[JobSpec] = []
+    fixes: list[str] = []
+    for spec, path in where:  # one spec after the other: the causes come in the order of their fields
+        pinned, fix = await _resolve_spec(check, settings, spec, path)
+        resolved.append(pinned)
+        if fix is not None and fix not in fixes:
+            fixes.append(fix)
     name = obj.metadata.name or obj.metadata.generate_name
-    res = resource("jobs" if isinstance(obj, Job) else "sweeps")
+    res = resource(_plural(obj))
     if check.causes:
         err = invalid(res, name, check.causes)
-        if fix is not None:  # the account's own fix, where Invalid's general one would say less
-            err = ApiError(msgspec.structs.replace(err.status, fix=fix))
+        if fixes:  # the account's own fix, where Invalid's general one would say less
+            err = ApiError(msgspec.structs.replace(err.status, fix="; ".join(fixes)))
         raise err
     if isinstance(obj, Job):
-        await _check_writers(check, obj.metadata.name, spec)
+        await _check_writers(check, obj.metadata.name, where[0][0])
     if not dry_run:
-        expired = await _touch(stores, namespace, spec, path.child("source").child("blob"))
+        expired: list[FieldError] = []
+        for spec, path in where:
+            expired += await _touch(stores, namespace, spec, path.child("source").child("blob"))
         if expired:
             raise invalid(res, name, expired)
-    return with_spec(obj, msgspec.structs.replace(spec, volumes=mounts, inputs=inputs))
+    return with_specs(obj, resolved)
 
 
-def kept_pins(new: Any, old: Any) -> Any:
-    """``new`` (an update of ``old``) with the revisions ``old`` pinned where ``new`` leaves them out, for
-    the same Volume mount (by Volume) or input (by name). Pure; other kinds come back as they are."""
-    where_new, where_old = spec_at(new), spec_at(old)
-    if where_new is None or where_old is None or type(new) is not type(old):
-        return new
-    spec, before = where_new[0], where_old[0]
+def _kept_spec(spec: JobSpec, before: JobSpec) -> JobSpec:
+    """``spec`` with the revisions ``before`` pinned where ``spec`` leaves them out, for the same Volume
+    mount (by Volume) or input (by name); ``spec`` itself when there is nothing to carry."""
     pinned_mounts = {m.volume: m.revision for m in before.volumes if m.revision is not None}
     mounts = [
         msgspec.structs.replace(m, revision=pinned_mounts[m.volume])
@@ -487,8 +549,37 @@ def kept_pins(new: Any, old: Any) -> Any:
     }
     inputs = [_kept_input(i, pinned_inputs) for i in spec.inputs]
     if mounts == spec.volumes and inputs == spec.inputs:
+        return spec
+    return msgspec.structs.replace(spec, volumes=mounts, inputs=inputs)
+
+
+def _kept_stage(stage: Stage, before: Stage | None) -> Stage:
+    """A stage of an update with the pins of the stored stage of its name, when both are of one kind."""
+    if before is None or (stage.template.job is None) != (before.template.job is None):
+        return stage
+    spec, old = stage_spec(stage), stage_spec(before)
+    if spec is None or old is None:
+        return stage
+    kept = _kept_spec(spec, old)
+    return stage if kept is spec else _withstage_spec(stage, kept)
+
+
+def kept_pins(new: Any, old: Any) -> Any:
+    """``new`` (an update of ``old``) with the revisions ``old`` pinned where ``new`` leaves them out (each
+    stage of a Pipeline from the stored stage of its name). Pure; other kinds come back as they are."""
+    if type(new) is not type(old):
         return new
-    return with_spec(new, msgspec.structs.replace(spec, volumes=mounts, inputs=inputs))
+    if isinstance(new, Pipeline):
+        by_name = {s.name: s for s in old.spec.stages}
+        stages = [_kept_stage(s, by_name.get(s.name)) for s in new.spec.stages]
+        if all(a is b for a, b in zip(stages, new.spec.stages, strict=True)):
+            return new
+        return msgspec.structs.replace(new, spec=msgspec.structs.replace(new.spec, stages=stages))
+    where_new, where_old = spec_at(new), spec_at(old)
+    if where_new is None or where_old is None:
+        return new
+    kept = _kept_spec(where_new[0], where_old[0])
+    return new if kept is where_new[0] else with_spec(new, kept)
 
 
 def _kept_input(inp: JobInput, pinned: dict[tuple[str | None, str | None], int]) -> JobInput:

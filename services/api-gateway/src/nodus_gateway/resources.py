@@ -45,6 +45,8 @@ from nodus_schema.defaulting import default_job, default_sweep
 from nodus_schema.listing import AttemptList, NodeList
 from nodus_schema.nodes import Node
 from nodus_schema.offerings import Offering, OfferingList
+from nodus_schema.pipelinerules import MAX_PIPELINE_NAME, validate_pipeline
+from nodus_schema.pipelines import Pipeline, PipelineList
 from nodus_schema.serviceaccounts import (
     MAX_SERVICE_ACCOUNT_NAME,
     ServiceAccount,
@@ -214,6 +216,22 @@ RESOURCES: tuple[Resource, ...] = (
         default_fresh=functools.partial(default_job, copy=False),
         validate=validate_job,
         max_name=MAX_JOB_NAME,
+        subresources=("status",),
+    ),
+    Resource(
+        plural="pipelines",
+        singular="pipeline",
+        kind="Pipeline",
+        bucket="pipelines",
+        object_type=Pipeline,
+        list_type=PipelineList,
+        # Stored as sent (issue #22): the sweep controller defaults each stage's child when it creates it,
+        # as it builds cells from a Sweep's template. Admission pins what the stages read (referencing.py).
+        default=_unchanged,
+        validate=validate_pipeline,
+        # Shorter than a Sweep's: a stage's child is named <pipeline>-<stage> and must still fit.
+        max_name=MAX_PIPELINE_NAME,
+        short_names=("pl",),
         subresources=("status",),
     ),
     _read_only(

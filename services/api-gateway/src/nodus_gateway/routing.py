@@ -20,11 +20,12 @@ PUT/PATCH item/status      (405)               users never write status
 Every handler asks :func:`~nodus_gateway.authorizing.authorize` first, with the verb Kubernetes' RBAC
 would see.
 
-A create of a compute kind (Sweep, Job) carries ``status.estimate`` (ADR-031), asked of the scheduler and
-billing over the bus (:mod:`nodus_gateway.estimating`). ``?dryRun=All`` answers the estimate with an
-``ETag``; a create sent with ``If-Match: <that ETag>`` is bound to it (412 when the spec changed since). A
-real create whose estimate has blocking reasons is refused with the first; one the services do not
-answer is admitted without an estimate, with a warning.
+A create of a compute kind (Sweep, Job, Pipeline) carries ``status.estimate`` (ADR-031), asked of the
+scheduler and billing over the bus (:mod:`nodus_gateway.estimating`; a Pipeline's per stage, with
+``status.estimatedDuration``). ``?dryRun=All`` answers the estimate with an ``ETag``; a create sent with
+``If-Match: <that ETag>`` is bound to it (412 when the spec changed since). A real create whose estimate
+has blocking reasons is refused with the first; one the services do not answer is admitted without an
+estimate, with a warning.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from nodus_gateway.admitting import (
 )
 from nodus_gateway.authorizing import authorize, visible_namespaces
 from nodus_gateway.deleting import delete_object, delete_options
-from nodus_gateway.estimating import COMPUTE_KINDS, ask, estimable, estimate_for
+from nodus_gateway.estimating import COMPUTE_KINDS, ask, estimable, estimate_for, with_estimate
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
 from nodus_gateway.querying import (
     DryRunQ,
@@ -154,10 +155,6 @@ class Estimated:
 
     admitted: Admitted
     headers: Mapping[str, str]
-
-
-def _with_estimate(obj: Any, estimate: Estimate) -> Any:
-    return msgspec.structs.replace(obj, status=msgspec.structs.replace(obj.status, estimate=estimate))
 
 
 def _estimate_error(res: Resource, name: str | None, err: kit.NodusError) -> ApiError:
@@ -344,7 +341,7 @@ class _Routes:
             except kit.NodusError as e:
                 raise _estimate_error(self.res, name, e) from None
             etag = estimate_etag(estimate, obj.spec)
-            return Estimated(Admitted(_with_estimate(obj, estimate), admitted.warnings), {"ETag": etag})
+            return Estimated(Admitted(with_estimate(obj, estimate), admitted.warnings), {"ETag": etag})
         try:
             asked = await estimate_for(nc, self.res, obj)
         except kit.Invalid as e:
@@ -354,7 +351,7 @@ class _Routes:
             return Estimated(Admitted(obj, (*admitted.warnings, warning)), {})
         if asked.estimate.blocking_reasons:
             raise _refusal(self.res, name, asked.estimate)
-        return Estimated(Admitted(_with_estimate(obj, asked.estimate), admitted.warnings), {})
+        return Estimated(Admitted(with_estimate(obj, asked.estimate), admitted.warnings), {})
 
     def _traced(self, obj: Any) -> Any:
         """A Job or Sweep carries the trace of its create, which the controllers continue (ADR-0032)."""

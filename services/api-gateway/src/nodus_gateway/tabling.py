@@ -194,6 +194,15 @@ def _matrix_cells(obj: JSONObject) -> int | str:
     return count_cells(spec)
 
 
+def pipeline_stages(obj: JSONObject, _: datetime) -> Cell:
+    """``succeeded/total``: stages whose status says Succeeded over the stages of the spec."""
+    stages = _get(obj, "spec", "stages")
+    seen = _get(obj, "status", "stages")
+    seen = seen if isinstance(seen, list) else []
+    done = sum(1 for s in seen if isinstance(s, Mapping) and s.get("phase") == "Succeeded")
+    return f"{done}/{len(stages) if isinstance(stages, list) else 0}"
+
+
 def _best(which: str) -> Callable[[JSONObject, datetime], Cell]:
     def cell(obj: JSONObject, _: datetime) -> Cell:
         index = _get(obj, "status", "best", which)
@@ -316,6 +325,14 @@ COLUMNS: Final[dict[str, tuple[Column, ...]]] = {
             "The index of the succeeded cell with the most units per second.",
             _best("byThroughput"),
         ),
+        AGE,
+        REASON,
+    ),
+    "Pipeline": (
+        NAME,
+        Column("Stages", "string", "Stages that succeeded / all stages of the Pipeline.", pipeline_stages),
+        PHASE,
+        Column("Cost", "string", "What its stages have been charged so far (status.cost.totalUSD).", spent),
         AGE,
         REASON,
     ),

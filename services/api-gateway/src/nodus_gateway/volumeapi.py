@@ -18,11 +18,12 @@ revision back.
 
 The two DELETE routes are served here, before the generic ones (app.py orders the routers), because a
 delete of these kinds first asks whether anything still uses the object, like Kubernetes' PVC protection
-but answered at once: any unfinished Job of the project (phase not in TERMINAL_PHASES) or Sweep not
-finished that mounts the Volume (``spec.volumes``, ``inputs[].volume``) or reads the Workspace
-(``inputs[].fromWorkspace``) is a 409 naming up to five of them. Otherwise the delete is the generic one
-(deleting.py: preconditions, dry run), and a deleted Workspace's files are removed from the store after
-it (best effort). A deleted Volume's blobs are left to expire.
+but answered at once: any unfinished Job of the project (phase not in TERMINAL_PHASES), Sweep not
+finished, or unfinished Pipeline with a stage (run or still to run, issue #22) that mounts the Volume
+(``spec.volumes``, ``inputs[].volume``) or reads the Workspace (``inputs[].fromWorkspace``) is a 409
+naming up to five of them. Otherwise the delete is the generic one (deleting.py: preconditions, dry run),
+and a deleted Workspace's files are removed from the store after it (best effort). A deleted Volume's
+blobs are left to expire.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from nodus_gateway.blobbing import blob_exists, touch_blob
 from nodus_gateway.clusterrouting import check_name, check_namespace
 from nodus_gateway.deleting import delete_object, delete_options
 from nodus_gateway.querying import DryRunQ, PropagationQ, dry_run_of
+from nodus_gateway.referencing import specs_at
 from nodus_gateway.resources import Resource, Stores, resource
 from nodus_gateway.responding import ApiError, invalid, store_errors
 from nodus_gateway.routing import API_PREFIX, admitted_response
@@ -48,6 +50,7 @@ from nodus_gateway.workspacefiles import delete_home
 from nodus_schema import TERMINAL_PHASES, CauseType, FieldError, Job, Sweep
 from nodus_schema.jobs import JobSpec
 from nodus_schema.meta import now_rfc3339
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.volumes import BLOB_PATTERN, MAX_REVISIONS, Volume, VolumeRevision
 
 REVISIONS_PATH: Final = f"{API_PREFIX}/namespaces/{{namespace}}/volumes/{{name}}/revisions"
@@ -172,8 +175,8 @@ def _unfinished(phase: str | None) -> bool:
 async def users_of(
     stores: Stores, namespace: str, name: str, uses: Callable[[JobSpec], set[str]]
 ) -> list[str]:
-    """``job/<name>`` and ``sweep/<name>`` of every unfinished Job and Sweep of the project whose spec
-    (a Sweep's template) ``uses`` names ``name``."""
+    """``job/<name>``, ``sweep/<name>`` and ``pipeline/<name>`` of every unfinished Job, Sweep and Pipeline
+    of the project whose spec (a Sweep's template, a stage's) ``uses`` names ``name``."""
     users: list[str] = []
     jobs: Iterable[Job] = (await stores["jobs"].list(namespace)).items
     users += [f"job/{j.metadata.name}" for j in jobs if _unfinished(j.status.phase) and name in uses(j.spec)]
@@ -182,6 +185,12 @@ async def users_of(
         f"sweep/{s.metadata.name}"
         for s in sweeps
         if _unfinished(s.status.phase) and name in uses(s.spec.template.spec)
+    ]
+    pipelines: Iterable[Pipeline] = (await stores["pipelines"].list(namespace)).items
+    users += [
+        f"pipeline/{p.metadata.name}"
+        for p in pipelines
+        if _unfinished(p.status.phase) and any(name in uses(spec) for spec, _ in specs_at(p))
     ]
     return users
 

@@ -65,7 +65,7 @@ _HEADERS: Final = {
     # Revalidate on every load (the ETag makes that a 304): a gateway upgrade shows its new page at once.
     "Cache-Control": "no-cache",
 }
-NOT_FOUND_FIX: Final = "The web view is at /ui/; its pages are #/sweeps and #/jobs."
+NOT_FOUND_FIX: Final = "The web view is at /ui/; its pages are #/sweeps, #/jobs and #/pipelines."
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,8 @@ from nodus_billing.accounting import (
     post,
     spend_account,
 )
+from nodus_billing.pipelining import PutPipeline as PutPipeline  # an operation of the book, as the rest
+from nodus_billing.pipelining import put_pipeline, stage_refusal
 from nodus_billing.standing import (
     BOOK_MAX_MICROS,
     BUDGET_EXCEEDED,
@@ -55,13 +57,10 @@ from nodus_billing.standing import (
     available,
     binds,
     budget_used,
+    caps_over,
     held,
-    job_held,
-    job_spent,
     matches,
     month_of,
-    sweep_held,
-    sweep_spent,
 )
 from nodus_schema.ledger import charge_micros
 from nodus_schema.quantities import micros_to_usd
@@ -98,6 +97,8 @@ class PutSweep(Wire, tag=True, tag_field="op"):
     project: str
     generation: int
     max_cost_micros: int | None = None
+    pipeline: str | None = None
+    """The Pipeline the Sweep is a stage of (issue #22, ``pipelining``): its cells are under its cap."""
 
 
 class PutJob(Wire, tag=True, tag_field="op"):
@@ -107,6 +108,8 @@ class PutJob(Wire, tag=True, tag_field="op"):
     sweep: str | None = None
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     max_cost_micros: int | None = None
+    pipeline: str | None = None
+    """The Pipeline of a Job stage (a cell's is its Sweep's, so a cell has none here)."""
 
 
 class PlaceHold(Wire, tag=True, tag_field="op"):
@@ -160,6 +163,7 @@ Op = (
     Grant
     | Revoke
     | PutBudget
+    | PutPipeline
     | PutSweep
     | PutJob
     | PlaceHold
@@ -180,6 +184,8 @@ def op_id(op: Op) -> str:
             return f"revoke:{op.revoke_id}"
         case PutBudget():
             return f"budget:{op.name}:{op.generation}" + (":deleted" if op.deleted else "")
+        case PutPipeline():
+            return f"pipeline:{op.name}:{op.generation}"
         case PutSweep():
             return f"sweep:{op.name}:{op.generation}"
         case PutJob():
@@ -245,22 +251,22 @@ def hold_amount(rate_micros_per_hour: int, window_millis: int) -> int:
 def bounded(op: Op, key: str) -> tuple[Op, Result | None]:
     """The operation with every integer inside what a book holds, or the refusal of it (see the module).
 
-    Clamped: a Job's or Sweep's cap above ``BOOK_MAX_MICROS`` is no cap (no book can spend that much); a
-    Budget above it is set to it (where it never binds: ``standing.binds``); usage (a tick's or capture's
-    amount, a run's segments and billed time) at it (only the unbilled overrun beyond the hold could tell
-    the difference, and it saturates there). Refused: a grant above ``MAX_GRANT_MICROS``, a hold or an
-    extension above ``BOOK_MAX_MICROS``, a rate above it, a time outside 1970..9999, a count above
-    ``MAX_COUNT``."""
+    Clamped: a Job's, Sweep's or Pipeline's cap above ``BOOK_MAX_MICROS`` is no cap (no book can spend
+    that much); a Budget above it is set to it (where it never binds: ``standing.binds``); usage (a tick's
+    or capture's amount, a run's segments and billed time) at it (only the unbilled overrun beyond the
+    hold could tell the difference, and it saturates there). Refused: a grant above ``MAX_GRANT_MICROS``,
+    a hold or an extension above ``BOOK_MAX_MICROS``, a rate above it, a time outside 1970..9999, a count
+    above ``MAX_COUNT``."""
     match op:
         case Grant() if op.amount_micros > MAX_GRANT_MICROS:
             most = _usd(MAX_GRANT_MICROS)
             msg = f"a grant of {_usd(op.amount_micros)} is more than one grant may be ({most})"
             return op, _refuse(key, INVALID, msg, f"grant at most {_usd(MAX_GRANT_MICROS)} at a time")
-        case PutJob() | PutSweep() | PutBudget() if not 0 <= op.generation <= MAX_COUNT:
+        case PutJob() | PutSweep() | PutPipeline() | PutBudget() if not 0 <= op.generation <= MAX_COUNT:
             return op, _refuse(key, INVALID, f"generation {op.generation}", f"use 0 to {MAX_COUNT}")
-        case PutJob() | PutSweep() if op.max_cost_micros is not None and op.max_cost_micros > BOOK_MAX_MICROS:
+        case PutJob() | PutSweep() | PutPipeline() if (op.max_cost_micros or 0) > BOOK_MAX_MICROS:
             return msgspec.structs.replace(op, max_cost_micros=None), None
-        case PutJob() | PutSweep() if op.max_cost_micros is not None and op.max_cost_micros < 0:
+        case PutJob() | PutSweep() | PutPipeline() if (op.max_cost_micros or 0) < 0:
             return msgspec.structs.replace(op, max_cost_micros=0), None
         case PutBudget() if op.monthly_micros > BOOK_MAX_MICROS:
             return msgspec.structs.replace(op, monthly_micros=BOOK_MAX_MICROS), None
@@ -392,19 +398,31 @@ def _put_sweep(state: State, op: PutSweep, key: str) -> _Handled:
     old = state.sweeps.get(op.name)
     if old is not None and old.project != op.project:
         return _refuse(key, CONFLICT, f"sweep {op.name} belongs to {old.project}", "use another name"), []
+    if old is not None and old.pipeline != op.pipeline:
+        msg = f"sweep {op.name} is under pipeline {old.pipeline}"
+        return _refuse(key, CONFLICT, msg, "a Sweep's Pipeline never changes"), []
+    refusal = stage_refusal(state, key, op.project, op.pipeline)
+    if refusal is not None:
+        return refusal, []
     if old is None or op.generation > old.generation:
         state.sweeps[op.name] = Sweep(
-            project=op.project, max_cost_micros=op.max_cost_micros, generation=op.generation
+            project=op.project,
+            max_cost_micros=op.max_cost_micros,
+            generation=op.generation,
+            pipeline=op.pipeline,
         )
     return Result(op_id=key), []
 
 
 def _put_job(state: State, op: PutJob, key: str) -> _Handled:
     old = state.jobs.get(op.name)
-    if old is not None and (old.project, old.sweep) != (op.project, op.sweep):
-        # Spend already attributed to a project and Sweep must stay there.
-        msg = f"job {op.name} belongs to project {old.project}, sweep {old.sweep}"
-        return _refuse(key, CONFLICT, msg, "a Job's project and Sweep never change"), []
+    if old is not None and (old.project, old.sweep, old.pipeline) != (op.project, op.sweep, op.pipeline):
+        # Spend already attributed to a project, Sweep and Pipeline must stay there.
+        msg = f"job {op.name} belongs to project {old.project}, sweep {old.sweep}, pipeline {old.pipeline}"
+        return _refuse(key, CONFLICT, msg, "a Job's project, Sweep and Pipeline never change"), []
+    refusal = stage_refusal(state, key, op.project, op.pipeline, op.sweep)
+    if refusal is not None:
+        return refusal, []
     if op.sweep is not None:
         sweep = state.sweeps.get(op.sweep)
         if sweep is None or sweep.project != op.project:
@@ -419,6 +437,7 @@ def _put_job(state: State, op: PutJob, key: str) -> _Handled:
             max_cost_micros=op.max_cost_micros,
             generation=op.generation,
             unbilled_micros=unbilled,
+            pipeline=op.pipeline,
         )
     return Result(op_id=key), []
 
@@ -526,6 +545,7 @@ _HANDLERS: Final[Mapping[type[Any], Callable[[State, Any, str], _Handled]]] = {
     Grant: _grant,
     Revoke: _revoke,
     PutBudget: _put_budget,
+    PutPipeline: put_pipeline,
     PutSweep: _put_sweep,
     PutJob: _put_job,
     PlaceHold: _place_hold,
@@ -543,17 +563,11 @@ _HANDLERS: Final[Mapping[type[Any], Callable[[State, Any, str], _Handled]]] = {
 def _does_not_fit(
     state: State, key: str, job_name: str, job: Job, labels: Mapping[str, str], month: str, amount: int
 ) -> Result | None:
-    """Why ``amount`` more for the Job does not fit, checked cap → Sweep cap → budgets → credits."""
-    if job.max_cost_micros is not None:
-        committed = job_spent(state, job_name) + job_held(state, job_name)
-        if committed + amount > job.max_cost_micros:
-            return _over_cap(key, f"job {job_name}", job.max_cost_micros, committed, amount)
-    if job.sweep is not None:
-        sweep = state.sweeps[job.sweep]
-        if sweep.max_cost_micros is not None:
-            committed = sweep_spent(state, job.sweep) + sweep_held(state, job.sweep)
-            if committed + amount > sweep.max_cost_micros:
-                return _over_cap(key, f"sweep {job.sweep}", sweep.max_cost_micros, committed, amount)
+    """Why ``amount`` more for the Job does not fit, checked cap → Sweep cap → Pipeline cap → budgets →
+    credits."""
+    for cap in caps_over(state, job_name):
+        if cap.committed + amount > cap.cap:
+            return _over_cap(key, f"{cap.kind.lower()} {cap.name}", cap.cap, cap.committed, amount)
     for name, budget in sorted(state.budgets.items()):
         if budget.project != job.project or not binds(budget) or not matches(budget.selector, labels):
             continue

@@ -41,6 +41,7 @@ from nodus_billing.standing import (
     binds,
     held,
     matches,
+    pipeline_of,
 )
 
 
@@ -61,9 +62,9 @@ class Tally:
     resolved: Counter[str] = field(default_factory=Counter)
     """Per hold: how many times a capture, release or expiry resolved it (never more than once)."""
     committed: dict[str, int] = field(default_factory=dict)
-    """Spent + held of every Job and Sweep, and what every Budget has used per month, after the last
-    operation: an operation may never take one above its limit unless it was above it already (a limit
-    lowered below what is committed is accepted by design: ADR-0023)."""
+    """Spent + held of every Job, Sweep and Pipeline, and what every Budget has used per month, after the
+    last operation: an operation may never take one above its limit unless it was above it already (a
+    limit lowered below what is committed is accepted by design: ADR-0023)."""
 
 
 def check_book(
@@ -138,8 +139,9 @@ def check_replay(before: bytes, after: bytes, posted: list[Entry], first: Result
 
 
 def committed(state: State) -> dict[str, tuple[int, int | None]]:
-    """Per limit (``job:``, ``sweep:``, ``budget:<name>:<month>``): what is committed under it and the
-    limit (None: no limit). Jobs and Sweeps: spent + held; Budgets: used (charged + held) in a month.
+    """Per limit (``job:``, ``sweep:``, ``pipeline:``, ``budget:<name>:<month>``): what is committed under
+    it and the limit (None: no limit). Jobs, Sweeps and Pipelines: spent + held (a Pipeline's: of its Job
+    stages and of its Sweep stages' cells); Budgets: used (charged + held) in a month.
     Worked out in one pass over the balances and holds, apart from the reads ``apply`` judges by."""
     jobs = {name: balance(state.balances, spend_account(name)) for name in state.jobs}
     budgets = [(name, b) for name, b in state.budgets.items() if binds(b)]
@@ -153,12 +155,18 @@ def committed(state: State) -> dict[str, tuple[int, int | None]]:
                 used[key] = used.get(key, 0) + hold.charged_micros + left
     out: dict[str, tuple[int, int | None]] = {}
     sweeps: dict[str, int] = {}
+    pipelines: dict[str, int] = {}
     for name, job in state.jobs.items():
         out[f"job:{name}"] = (jobs[name], job.max_cost_micros)
         if job.sweep is not None:
             sweeps[job.sweep] = sweeps.get(job.sweep, 0) + jobs[name]
+        pipeline = pipeline_of(state, job)
+        if pipeline is not None:
+            pipelines[pipeline] = pipelines.get(pipeline, 0) + jobs[name]
     for name, sweep in state.sweeps.items():
         out[f"sweep:{name}"] = (sweeps.get(name, 0), sweep.max_cost_micros)
+    for name, pipe in state.pipelines.items():
+        out[f"pipeline:{name}"] = (pipelines.get(name, 0), pipe.max_cost_micros)
     for key, amount in used.items():
         out[key] = (amount, state.budgets[key.split(":")[1]].monthly_micros)
     return out

@@ -3,7 +3,8 @@ its funding (blocked or not) and its ``status.cost`` written from the books (ADR
 
 One level-triggered reconcile per Job, safe to kill at any line and to run any number of times:
 
-1. the Job (and its Sweep) are put in the project's book: their caps, labels and generation;
+1. the Job (and its Sweep, and the Pipeline it is a stage of: ``putting``) are put in the project's book:
+   their caps, labels and generation;
 2. for each open hold of the Job (a hold is named after its Attempt): a finished run is **captured** with
    its charge by segment (``segmenting``); a running one is **charged** up to the last whole meter tick and
    **extended** ahead of use by as much as the caps, Budgets and credits allow; a hold whose Attempt never
@@ -11,17 +12,20 @@ One level-triggered reconcile per Job, safe to kill at any line and to run any n
 3. the Job is **blocked** when a running hold is about to run out and cannot be extended (or, for a Job
    waiting to start, when not even one stop margin fits): the scheduler then stops it with a checkpoint
    and holds it Suspended with MaxCostReached, InsufficientCredits or BudgetExceeded. It is unblocked once
-   two stop margins fit again (a cap raised, credits granted), and the scheduler resumes it;
+   two stop margins fit again (a cap raised, credits granted), and the scheduler resumes it. A Job blocked
+   or unblocked requeues the Jobs its Sweep's or Pipeline's cap binds with it (``standing.siblings``), and
+   the block names the cap that binds: the Job's, its Sweep's or its Pipeline's;
 4. ``status.cost`` is written when it changed (a display copy: the book is the truth).
 
 The reconcile returns when to look again: the next meter tick while anything of the Job is held.
 
-**What it reads** (issue #19): the Job, its Attempts (by the Job's index), its Sweep and its funding record
-from the leader's informers (:mod:`viewing`), never a list of the namespace; the project's book as stored
-(``Books.read``, then the commit's compare-and-set re-reads it). What it writes it hands to its informer at
-once (write-through: ``status.cost`` from the Job ``mutate`` returned, the funding record from its create
-or update), so the next pass sees its own write before the watch brings it. The hold endpoint reads the
-Job and its Sweep from the store: it serves on every replica, and a hold is sized on what is stored.
+**What it reads** (issue #19): the Job, its Attempts (by the Job's index), its Sweep, its Pipeline and its
+funding record from the leader's informers (:mod:`viewing`), never a list of the namespace; the project's
+book as stored (``Books.read``, then the commit's compare-and-set re-reads it). What it writes it hands to
+its informer at once (write-through: ``status.cost`` from the Job ``mutate`` returned, the funding record
+from its create or update), so the next pass sees its own write before the watch brings it. The hold
+endpoint reads the Job, its Sweep and its Pipeline from the store: it serves on every replica, and a hold
+is sized on what is stored.
 
 **Settled** (what the controller's resync skips, :meth:`Metering.settled`): a Job the meter has nothing to
 do for until something it watches changes. Either
@@ -59,11 +63,25 @@ import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_billing.books import Books, Planner, Step
-from nodus_billing.holding import Capture, Charge, ExtendHold, Op, PutJob, PutSweep, Release
+from nodus_billing.holding import Capture, Charge, ExtendHold, Op, Release
+from nodus_billing.putting import job_ref as job_ref  # re-exported: the book's names of Jobs
+from nodus_billing.putting import pipeline_ref_of, puts, stored, viewed
+from nodus_billing.putting import sweep_ref_of as sweep_ref_of
 from nodus_billing.recovering import recovery_of
 from nodus_billing.segmenting import RUNNING, charged, usage_ms, usage_of
 from nodus_billing.settings import METER_TICK_MS, ORPHAN_HOLD_MS, BillingSettings
-from nodus_billing.standing import Hold, State, Usage, held, job_held, job_spent, month_of, room_for
+from nodus_billing.standing import (
+    Hold,
+    State,
+    Usage,
+    binding_cap,
+    held,
+    job_held,
+    job_spent,
+    month_of,
+    room_for,
+    siblings,
+)
 from nodus_billing.viewing import Views
 from nodus_billing.warming import (
     WARM_FROM,
@@ -84,7 +102,8 @@ from nodus_schema.holds import HOLD_WINDOW_MS, STOP_MARGIN_MS, resume_micros, st
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta, format_time
-from nodus_schema.quantities import micros_to_usd, usd_to_micros
+from nodus_schema.pipelines import Pipeline
+from nodus_schema.quantities import micros_to_usd
 from nodus_schema.sweeps import Sweep
 
 log = logging.getLogger(__name__)
@@ -134,21 +153,6 @@ def settled(job: Job) -> bool:
     return job.status.phase in TERMINAL_PHASES and cost is not None and cost.final is True
 
 
-def job_ref(name: str, uid: str | None) -> str:
-    """A Job in the book: its name and uid, so a re-created Job of the same name starts from nothing."""
-    return f"{name}@{uid or ''}"
-
-
-def sweep_ref_of(job: Job) -> str | None:
-    """The Sweep a cell Job belongs to, as the book names it: its *controller* ownerReference only
-    (metav1.GetControllerOf, as the sweep controller decides cells). A plain reference to a Sweep, which a
-    user may set, never puts a Job under a Sweep's shared cap."""
-    ref = next((o for o in job.metadata.owner_references if o.controller), None)
-    if ref is None or ref.kind != "Sweep" or not ref.uid:
-        return None
-    return f"{ref.name}@{ref.uid}"
-
-
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -172,6 +176,7 @@ class Metering:
         # The stores: what billing writes, and what the hold endpoint reads (on every replica).
         self.jobs = ObjectStore(nc, "jobs", Job)
         self.sweeps = ObjectStore(nc, "sweeps", Sweep)
+        self.pipelines = ObjectStore(nc, "pipelines", Pipeline)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
         self.funding = ObjectStore(nc, FUNDING_BUCKET, Funding)
         self.views = views
@@ -231,7 +236,7 @@ class Metering:
         refs = {r for r in state.jobs if r.rsplit("@", 1)[0] == name}
         steps: list[Step] = []
         if job is not None:
-            steps += self.puts(job, await self._sweep_of(views, job))
+            steps += self.puts(job, *(await self._owners(views, job)))
             refs.add(job_ref(name, job.metadata.uid))
         steps += self._settle(state, refs, attempts, now)
         if steps:
@@ -241,7 +246,7 @@ class Metering:
         if job is None:
             return self._next(state, refs)
         ref = job_ref(name, job.metadata.uid)
-        if ref not in state.jobs:  # refused (a Sweep not known yet): the next pass puts it
+        if ref not in state.jobs:  # refused (a Sweep or Pipeline not known yet): the next pass puts it
             return 1.0
         block = await self._fund(views, job, ref, state, attempts, now)
         written = await self._write_cost(views, job, ref, state, attempts)
@@ -258,67 +263,25 @@ class Metering:
         else:
             self._rest.pop(key, None)
 
-    async def _sweep_of(self, views: Views, job: Job) -> Sweep | None:
-        """The cell's Sweep from the view; from the store when the view lacks it (not seen yet, or gone):
-        a cell must never go into the book without the shared cap of a Sweep that exists."""
+    async def _owners(self, views: Views, job: Job) -> tuple[Sweep | None, Pipeline | None]:
+        """The cell's Sweep and the Pipeline the Job counts under (its own, or its Sweep's), from the views;
+        from the store when a view lacks one (not seen yet, or gone): a Job must never go into the book
+        without the shared cap of a Sweep or a Pipeline that exists."""
+        ns = job.metadata.namespace
         ref = sweep_ref_of(job)
-        if ref is None:
-            return None
-        name, uid = ref.rsplit("@", 1)
-        obj = views.sweeps.get(job.metadata.namespace, name)
-        if obj is not None and obj.metadata.uid == uid:
-            return obj
-        return await self.stored_sweep(job)
+        sweep = viewed(views.sweeps, ns, ref) or await stored(self.sweeps, ns, ref)
+        ref = pipeline_ref_of(job, sweep)
+        return sweep, viewed(views.pipelines, ns, ref) or await stored(self.pipelines, ns, ref)
 
-    async def stored_sweep(self, job: Job) -> Sweep | None:
-        """The cell's Sweep as stored (None: not a cell, or its Sweep is gone or was created again)."""
-        ref = sweep_ref_of(job)
-        if ref is None:
-            return None
-        name, uid = ref.rsplit("@", 1)
-        try:
-            obj = await self.sweeps.get(job.metadata.namespace, name)
-        except NotFound:
-            return None
-        return obj if obj.metadata.uid == uid else None
+    async def stored_owners(self, job: Job) -> tuple[Sweep | None, Pipeline | None]:
+        """The cell's Sweep and the Job's Pipeline as stored (None: under none, or gone or created again)."""
+        ns = job.metadata.namespace
+        sweep = await stored(self.sweeps, ns, sweep_ref_of(job))
+        return sweep, await stored(self.pipelines, ns, pipeline_ref_of(job, sweep))
 
-    def puts(self, job: Job, obj: Sweep | None) -> list[Step]:
-        """PutSweep / PutJob, decided inside the commit: only when the book lacks the current generation.
-        ``obj``: the cell's Sweep, of the uid its ownerReference names (None: not a cell, or gone)."""
-        meta = job.metadata
-        ns = meta.namespace or ""
-        sweep = sweep_ref_of(job)
-        ref = job_ref(meta.name or "", meta.uid)
-        gen = meta.generation or 1
-        cap = _micros(job.spec.max_cost_usd, f"spec.maxCostUSD of job {ns}/{meta.name}")
-
-        def put_sweep(state: State) -> Op | None:
-            if sweep is None or obj is None:
-                return None
-            sgen = obj.metadata.generation or 1
-            known = state.sweeps.get(sweep)
-            if known is not None and known.generation >= sgen:
-                return None
-            return PutSweep(
-                name=sweep,
-                project=ns,
-                generation=sgen,
-                max_cost_micros=_micros(
-                    obj.spec.max_cost_usd, f"spec.maxCostUSD of sweep {ns}/{obj.metadata.name}"
-                ),
-            )
-
-        def put_job(state: State) -> Op | None:
-            known = state.jobs.get(ref)
-            if known is not None and known.generation >= gen:
-                return None
-            # A Sweep that is gone and was never in the book: its cells are being deleted.
-            of = sweep if sweep is not None and (obj is not None or sweep in state.sweeps) else None
-            return PutJob(
-                name=ref, project=ns, generation=gen, sweep=of, labels=dict(meta.labels), max_cost_micros=cap
-            )
-
-        return [put_sweep, put_job]
+    def puts(self, job: Job, obj: Sweep | None, pipeline: Pipeline | None = None) -> list[Step]:
+        """PutPipeline / PutSweep / PutJob, decided inside the commit (:func:`putting.puts`)."""
+        return puts(job, obj, pipeline)
 
     def _settle(self, state: State, refs: set[str], attempts: list[Attempt], now: int) -> list[Step]:
         """Capture, charge, extend or release each open hold of the Job."""
@@ -441,12 +404,11 @@ class Metering:
         views.funding.apply(stored)  # write-through: the next pass compares with what was written
         if block is not None:
             log.info("job blocked", extra={"job": f"{ns}/{name}", "reason": block.reason})
-        sweep = sweep_ref_of(job)
-        if sweep is not None and (block is None) != (current is None):
-            # One cell at the Sweep's cap means every cell is: look at its siblings now, not at their tick.
-            for sibling, other in state.jobs.items():
-                if other.sweep == sweep and sibling != ref:
-                    self.requeue((ns, sibling.rsplit("@", 1)[0]), 0.0)
+        if (block is None) != (current is None):
+            # One Job at its Sweep's or Pipeline's cap means every Job under it is: look at its siblings now,
+            # not at their tick (cells of the Sweep; every stage of the Pipeline, cells included).
+            for sibling in siblings(state, ref):
+                self.requeue((ns, sibling.rsplit("@", 1)[0]), 0.0)
         return block
 
     def _block_of(
@@ -576,22 +538,16 @@ def _replaces_lost(attempt: Attempt, attempts: list[Attempt]) -> bool:
 
 def _block(state: State, ref: str, code: str, room: int, rate: int, margin_ms: int) -> Block:
     job = state.jobs[ref]
-    name = ref.rsplit("@", 1)[0]
     need = resume_micros(rate, margin_ms)
     left = f"${micros_to_usd(room)}"
+    cap = binding_cap(state, ref, room) if code == "MaxCostReached" else None
     if code == "MaxCostReached":
-        if job.max_cost_micros is not None and room == max(
-            0, job.max_cost_micros - job_spent(state, ref) - job_held(state, ref)
-        ):
-            owner = f"the Job's spec.maxCostUSD (${micros_to_usd(job.max_cost_micros)})"
-            fix = f"Raise spec.maxCostUSD of job {name} by at least ${micros_to_usd(need)} to resume it."
-        else:
-            sweep = state.sweeps[job.sweep or ""]
-            cap = sweep.max_cost_micros or 0
-            sname = (job.sweep or "").rsplit("@", 1)[0]
-            owner = f"the spec.maxCostUSD of sweep {sname} (${micros_to_usd(cap)})"
-            fix = f"Raise spec.maxCostUSD of sweep {sname} by at least ${micros_to_usd(need)} to resume it."
-        message = f"{left} is left under {owner}: not enough to keep running"
+        # The cap that binds: the Job's own, its Sweep's or its Pipeline's (innermost first on a tie).
+        kind, name = (cap.kind.lower(), cap.name.rsplit("@", 1)[0]) if cap else ("job", ref.rsplit("@", 1)[0])
+        usd = f"${micros_to_usd(cap.cap if cap else job.max_cost_micros or 0)}"
+        whose = "the Job's spec.maxCostUSD" if kind == "job" else f"the spec.maxCostUSD of {kind} {name}"
+        message = f"{left} is left under {whose} ({usd}): not enough to keep running"
+        fix = f"Raise spec.maxCostUSD of {kind} {name} by at least ${micros_to_usd(need)} to resume it."
     elif code == "BudgetExceeded":
         message = f"a Budget of project {job.project} has {left} left this month"
         fix = "Raise the Budget's spec.monthlyUSD (kubectl get budgets), or wait for next month."
@@ -646,17 +602,3 @@ def _segments(amounts: dict[str, int], covered: set[str]) -> CostSegments:
         teardown_usd=usd("Teardown"),
         covered_by_nodus=sorted(covered),
     )
-
-
-def _micros(text: str | None, what: str = "spec.maxCostUSD") -> int | None:
-    """A cap as micro-dollars (admission has checked it; a value an older admission let through that does
-    not parse is refused with a sentence, never a Python error)."""
-    if not text:
-        return None
-    try:
-        return usd_to_micros(text)
-    except ValueError as e:
-        raise errors.Invalid(
-            f"{what} {text[:70]!r} is not an amount billing can read ({e}); set it to a USD string such"
-            ' as "12.50"'
-        ) from None

@@ -11,6 +11,11 @@ concurrentHoldUSD are the holds billing will place. A cap is a ceiling, not a de
 even one billing increment at the rate fits; a cap, balance or Budget below a full first hold is a
 warning (the run starts with what is left and is suspended when it is spent), and so is a cap the run
 will probably reach. Without the books (a bare quote in tests) the quote says BalanceNotChecked.
+
+A Pipeline's stage (issue #22) is quoted as the Job or Sweep it creates; when the request names its
+Pipeline (``QuoteRequest.pipeline``, optional), the first holds are sized under what the Pipeline's cap
+leaves as well (less what its stages spent and hold, read from the book by the Pipeline's uid), as billing
+sizes them, and a stage that cannot start under it is blocked with MaxCostReached (:func:`under_pipeline`).
 """
 
 from __future__ import annotations
@@ -27,11 +32,14 @@ from nodus_billing.books import Books
 from nodus_billing.standing import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
+    MAX_COST_REACHED,
     State,
     available,
     binds,
     budget_used,
     month_of,
+    pipeline_held,
+    pipeline_spent,
 )
 from nodus_kit import errors, messaging
 from nodus_schema.costs import BlockingReason, Estimate, EstimateWarning
@@ -40,6 +48,7 @@ from nodus_schema.estimating import (
     QUOTE_SUBJECT,
     EstimateReply,
     Money,
+    PipelineCap,
     QuoteRequest,
     SlotPlan,
     apply_money,
@@ -179,6 +188,10 @@ def quote(
             else:
                 warnings += cap_warnings(cap, money, "spec.maxCostUSD")
                 money = capped(money, cap)
+        if request.pipeline is not None:
+            money, found = under_pipeline(request.pipeline, state, money, what)
+            blocking += [r for r in found if isinstance(r, BlockingReason)]
+            warnings += [w for w in found if isinstance(w, EstimateWarning)]
     if state is None:
         warnings.append(BALANCE_NOT_CHECKED)
     elif money is not None:
@@ -191,6 +204,35 @@ def quote(
         estimate = apply_money(estimate, money)
     estimate = msgspec.structs.replace(estimate, blocking_reasons=blocking, warnings=warnings)
     return EstimateReply(estimate=estimate, slots=scheduled.slots)
+
+
+def under_pipeline(
+    pipeline: PipelineCap, state: State | None, money: Money, what: str
+) -> tuple[Money, list[BlockingReason | EstimateWarning]]:
+    """The first holds of a Pipeline's stage under what the Pipeline's cap leaves (its cap less what its
+    stages spent and hold in the book), as billing's ``room_for`` sizes them: MaxCostReached when not even
+    the least a slot starts with fits; the hold warnings of a cap otherwise (the cap's MaxCostBelowEstimate
+    is the Pipeline's estimate's to give, over every stage's cost)."""
+    field = f"spec.maxCostUSD of pipeline {pipeline.name}"
+    cap = _cap_micros(pipeline.max_cost_usd, field)
+    if cap is None:
+        return money, []
+    ref = f"{pipeline.name}@{pipeline.uid}" if pipeline.uid else None
+    committed = pipeline_spent(state, ref) + pipeline_held(state, ref) if state is not None and ref else 0
+    room = max(cap - committed, 0)
+    if room < money.least:
+        reason = BlockingReason(
+            code=MAX_COST_REACHED,
+            message=f"{field} ({_usd(cap)}, of which {_usd(committed)} is spent or held by its stages) "
+            f"leaves {_usd(room)}, below the minimum charge {_usd(money.least)} of {what} (one billing "
+            "increment at its rate): not even one slot could start",
+            fix=f"Raise {field} to at least {_usd(committed + money.least)}; any cap from there runs "
+            "until it is spent, then suspends the stages with MaxCostReached.",
+        )
+        return money, [reason]
+    named = field if not committed else f"what {field} leaves"
+    notes = [w for w in cap_warnings(room, money, named) if w.code != "MaxCostBelowEstimate"]
+    return capped(money, room), list(notes)
 
 
 def balance_blocking(state: State, project: str, money: Money) -> list[BlockingReason | EstimateWarning]:

@@ -12,6 +12,8 @@ What the leader watches and owns, each kind through one shared informer (:mod:`v
 * ``jobs``, indexed by their Sweep: the meter's ``for_``, each Job reconciled;
 * ``attempts``, indexed by their Job: owned by Jobs, a run's change meters its Job;
 * ``sweeps``: watched, a new cap (or a Sweep come or gone) meters its cells, found in the jobs' index;
+* ``pipelines`` (issue #22): watched, a new cap (or a Pipeline come or gone) meters its stages: its Job
+  stages and the cells of its Sweep stages, found in the jobs' and sweeps' indexes by their controller;
 * ``funding``, its blocking records indexed by project: watched (a block the hold endpoint placed meters
   its Job) and read by the meter; a grant or a Budget looks at the project's blocked Jobs;
 * ``books``, a glance of their open holds indexed by Job: watched, a hold opened meters its Job; the rest
@@ -38,11 +40,13 @@ from nodus_billing.settings import BillingSettings
 from nodus_billing.viewing import (
     BLOCKED,
     BY_JOB,
+    BY_PIPELINE,
     BY_SWEEP,
     OPEN,
     HoldGlance,
     Views,
     blocked,
+    controlled_by,
     glances,
     labelled,
     open_holds,
@@ -61,6 +65,7 @@ from nodus_schema.attempts import JOB_LABEL, Attempt
 from nodus_schema.billing import FUNDING_BUCKET, Budget, Funding
 from nodus_schema.jobs import Job
 from nodus_schema.messages import AttemptFinished, Report
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.sweeps import SWEEP_LABEL, Sweep
 
 
@@ -75,14 +80,20 @@ class BillingService(Service):
         self.books = Books(self.bus, starting_micros=config.starting_micros)
         bus = self.bus
         self.views = Views(
-            jobs=Informer(ObjectStore(bus, "jobs", Job), indexers={BY_SWEEP: labelled(SWEEP_LABEL)}),
+            jobs=Informer(
+                ObjectStore(bus, "jobs", Job),
+                indexers={BY_SWEEP: labelled(SWEEP_LABEL), BY_PIPELINE: controlled_by("Pipeline")},
+            ),
             attempts=Informer(
                 ObjectStore(bus, "attempts", Attempt),
                 indexers={BY_JOB: labelled(JOB_LABEL), WARM_FROM: warm_from},
             ),
-            sweeps=Informer(ObjectStore(bus, "sweeps", Sweep)),
+            sweeps=Informer(
+                ObjectStore(bus, "sweeps", Sweep), indexers={BY_PIPELINE: controlled_by("Pipeline")}
+            ),
             funding=Informer(ObjectStore(bus, FUNDING_BUCKET, Funding), indexers={BLOCKED: blocked}),
             books=Informer(glances(bus), indexers={OPEN: open_holds}, name="billing:holds"),
+            pipelines=Informer(ObjectStore(bus, "pipelines", Pipeline)),
         )
         budgets = Informer(ObjectStore(bus, "budgets", Budget))
         # The controllers are made below; what reaches them from outside an informer (a report, a grant)
@@ -103,6 +114,7 @@ class BillingService(Service):
             owns=[owns(self.views.attempts, label=JOB_LABEL)],
             watches=[
                 watches(self.views.sweeps, self._cells_of),
+                watches(self.views.pipelines, self._stages_of),
                 watches(self.views.books, self._placed),
                 watches(self.views.funding, own_key),  # a block placed by the hold endpoint, anywhere
             ],
@@ -114,6 +126,7 @@ class BillingService(Service):
             "billing-budgets", self.budgets.reconcile, for_=budgets, workers=1, resync_s=config.resync_s
         )
         self._sweep_specs: dict[Key, tuple[str | None, int | None]] = {}
+        self._pipeline_specs: dict[Key, tuple[str | None, int | None]] = {}
         self._open: dict[str, set[str]] = {}  # per project, the open holds the meter was told of
         # Reports only speed things up (the Attempt's phase is what counts): every replica shares the one
         # durable consumer, and a report that arrives twice enqueues the same key twice, harmlessly.
@@ -137,6 +150,7 @@ class BillingService(Service):
     async def _lead(self) -> None:
         self.metering.forget_rest()  # another leader may have acted meanwhile: judge every Job again
         self._sweep_specs.clear()
+        self._pipeline_specs.clear()
         self._open.clear()
         await asyncio.gather(self.meter.run(), self.budgeter.run(), self._expire())
 
@@ -191,16 +205,20 @@ class BillingService(Service):
         runs, changes nothing billing reads (the cap by generation, and the uid): those events map to
         nothing."""
         key = key_of(event.object)
-        meta = event.object.metadata
-        spec = (meta.uid, meta.generation)
-        if event.type == "DELETED":
-            self._sweep_specs.pop(key, None)
-        elif self._sweep_specs.get(key) == spec:
+        if not _new_spec(self._sweep_specs, event):
             return []
-        else:
-            self._sweep_specs[key] = spec
         cells = self.views.cells(*key)
         return [key_of(job) for job in cells if not self.metering.settled(job)]
+
+    def _stages_of(self, event: Event[Any]) -> Iterable[Key]:
+        """A Pipeline's cap changed, or the Pipeline came or went: every Job under it not settled is looked
+        at (its Job stages, its Sweep stages' cells), blocked ones first of all; each puts the Pipeline's
+        new generation into the book and is unblocked once it fits again. Its status, which the sweep
+        controller writes as the stages run, maps to nothing."""
+        key = key_of(event.object)
+        if not _new_spec(self._pipeline_specs, event):
+            return []
+        return [key_of(job) for job in self.views.stages(*key) if not self.metering.settled(job)]
 
     def _placed(self, event: Event[Any]) -> Iterable[Key]:
         """A book changed: the Job of each hold opened since is looked at, wherever the hold was placed
@@ -232,3 +250,18 @@ class BillingService(Service):
             await self._leader
         for informer in self.informers:
             await informer.stop()
+
+
+def _new_spec(specs: dict[Key, tuple[str | None, int | None]], event: Event[Any]) -> bool:
+    """Whether an event of a Sweep or a Pipeline changes what billing reads of it (its uid and generation:
+    its cap), remembering what it saw; a deletion always does."""
+    key = key_of(event.object)
+    meta = event.object.metadata
+    spec = (meta.uid, meta.generation)
+    if event.type == "DELETED":
+        specs.pop(key, None)
+    elif specs.get(key) == spec:
+        return False
+    else:
+        specs[key] = spec
+    return True

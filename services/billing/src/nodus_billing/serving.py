@@ -26,7 +26,8 @@ from nats.aio.client import Client as NATS
 from nodus_billing.accounting import CREDITS_ISSUED, balance, spend_account
 from nodus_billing.books import Books
 from nodus_billing.holding import Grant, Op, PlaceHold, Revoke
-from nodus_billing.metering import Metering, job_ref, now_ms
+from nodus_billing.metering import Metering, now_ms
+from nodus_billing.putting import job_ref
 from nodus_billing.standing import (
     INTERNAL,
     State,
@@ -162,7 +163,7 @@ class Holds:
                 rate_micros_per_hour=rate,
             )
 
-        steps = [*self.metering.puts(job, await self.metering.stored_sweep(job)), plan]
+        steps = [*self.metering.puts(job, *(await self.metering.stored_owners(job))), plan]
         applied = await self.books.apply(req.namespace, steps)
         result = applied.results[-1]
         if result is None:

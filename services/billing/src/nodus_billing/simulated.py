@@ -6,6 +6,10 @@ the Attempt written as the scheduler writes it (``reporting.apply``, ``ruling.as
 ticks, extensions, captures, orphan releases and funding blocks as ``Metering`` makes them (its ``_settle``,
 ``_tick``, ``_extend``, ``_capture``, ``_block_of`` and ``_next``, on the real ``usage_ms``, ``usage_of``,
 ``funded_until`` and ``stop_margin_ms``). The subclass applies and checks each operation (``_apply``).
+
+Jobs may be stages of a Pipeline (issue #22): a Job stage names it (``SimJob.pipeline``), a cell counts
+against its Sweep's. A Job blocked or unblocked requeues the Jobs its Sweep's or Pipeline's cap binds with
+it (``standing.siblings``, as the meter does).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from nodus_billing.holding import Capture, Charge, Expire, ExtendHold, Op, Place
 from nodus_billing.invariants import Broken, check_capture
 from nodus_billing.metering import MIN_RECHECK_MS, STAMP_MS, Terms, funded_until
 from nodus_billing.segmenting import NODUS_FAULTS, billed_millis_of, charged, usage_ms, usage_of
-from nodus_billing.standing import Result, State, held, month_of, room_for
+from nodus_billing.standing import Result, State, binding_cap, held, month_of, room_for, siblings
 from nodus_schema.attempts import Attempt, AttemptSpec, AttemptStatus
 from nodus_schema.holds import hold_micros, minimum_hold_micros, resume_micros, stop_margin_ms
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
@@ -72,6 +76,8 @@ class SimJob:
     cap: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
     generation: int = 1
+    pipeline: str | None = None
+    """The Pipeline of a Job stage (a cell's is its Sweep's)."""
     running: dict[int, Run] = field(default_factory=dict)
     lost: set[int] = field(default_factory=set)
     blocked: tuple[str, int] | None = None
@@ -138,6 +144,7 @@ class World:
             del self.runs[hold_id]
             job.blocked = (result.code or "", job.rate)
             self.counts["blocks"] += 1
+            self._count_pipeline_block(job, room, result.code)
             return
         if not orphan:
             job.running[slot] = run
@@ -368,9 +375,10 @@ class World:
         if (was is None) == (block is None):
             return
         self.counts["blocks" if block else "unblocks"] += 1
-        for other in self.jobs.values():
-            if job.sweep is not None and other.sweep == job.sweep and other is not job:
-                self.requeued[other.ref] = None
+        if block is not None:
+            self._count_pipeline_block(job, room, code)
+        for other in siblings(state, job.ref):  # under the same Sweep or Pipeline cap
+            self.requeued[other] = None
         for run in job.running.values() if block else ():
             if run.stop_at_ms is None:  # a checkpoint and a teardown; a slow one runs past its funding
                 slow = self.rng.random() < 0.2
@@ -378,6 +386,12 @@ class World:
                     self.rng.randrange(margin, 3 * margin) if slow else self.rng.randrange(margin // 2 + 1)
                 )
                 run.stop_at_ms = self.now + teardown
+
+    def _count_pipeline_block(self, job: SimJob, room: int, code: str | None) -> None:
+        """Count a block that a Pipeline's cap binds (the workload must reach it)."""
+        cap = binding_cap(self.books[job.project], job.ref, room) if code == "MaxCostReached" else None
+        if cap is not None and cap.kind == "Pipeline":
+            self.counts["blocks at a Pipeline's cap"] += 1
 
     def _live(self, hold_id: str) -> bool:
         """The meter sees the hold's Attempt, not finished."""

@@ -1,18 +1,22 @@
 """The money simulator (issue #18), in the spirit of TigerBeetle's VOPR: seeded random workloads over
 billing's real core, with every invariant checked after every operation.
 
-``simulate(seed, steps)`` draws everything from ``random.Random(seed)``: grants and revokes; Jobs alone and
-Sweep cells under a shared cap; Budgets with and without selectors; caps raised, lowered (below what is
-spent and held too) and removed; runs that start, run, finish, fail to launch, are lost with their node or
-are stopped by a funding block, with finishes that reach the meter late; billing restarts (every book
-through JSON and back) with the last operations delivered again; redeliveries of recent operations;
-retries of a hold request; the expiry safety net; and a clock that moves by the seed. Every operation is
-applied with ``holding.apply`` to its project's book (one :class:`State` per project, as the service keeps
-them), decided as the service decides it (``simulated.World``), and followed by every check of
-``invariants``. No I/O: the same seed is the same run, anywhere.
+``simulate(seed, steps)`` draws everything from ``random.Random(seed)``: grants and revokes; Jobs alone
+and Sweep cells under a shared cap; Pipelines (issue #22) whose one cap is shared by their Job stages and
+their Sweep stages' cells, raised, lowered and removed; Budgets with and without selectors; caps raised,
+lowered (below what is spent and held too) and removed; runs that start, run, finish, fail to launch, are
+lost with their node or are stopped by a funding block, with finishes that reach the meter late; billing
+restarts (every book through JSON and back) with the last operations delivered again; redeliveries of
+recent operations; retries of a hold request; the expiry safety net; and a clock that moves by the seed.
+Every operation is applied with ``holding.apply`` to its project's book (one :class:`State` per project,
+as the service keeps them), decided as the service decides it (``simulated.World``), and followed by every
+check of ``invariants``. No I/O: the same seed is the same run, anywhere.
 
 A broken invariant raises :class:`SimulationFailure` naming the seed, the step and the operation, with the
 command that replays it: ``python -m nodus_billing.simulating --seed 1234 --steps 500``.
+
+``pipelines=False`` (``--no-pipelines``) draws the workload as it was before Pipelines, seed for seed: the
+seeds that showed the problems of #18 replay the very runs that showed them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from nodus_billing.holding import (
     PlaceHold,
     PutBudget,
     PutJob,
+    PutPipeline,
     PutSweep,
     Release,
     Revoke,
@@ -65,12 +70,14 @@ EVENTS: Final = {
     "sweep": 3,
     "job": 5,
     "cap": 5,
+    "pipeline": 3,
     "restart": 2,
     "redeliver": 6,
     "retry": 2,
     "idle": 10,
 }
-"""What happens between two looks of the meter, and how often (weights)."""
+"""What happens between two looks of the meter, and how often (weights); ``pipeline`` only with
+Pipelines."""
 JOURNAL: Final = 64
 """Recent operations kept for redelivery and for replay after a restart."""
 PURITY_CHECKS: Final = 0.02
@@ -102,8 +109,8 @@ class SimResult:
     """Every project's book at the end (only with ``keep_ops``)."""
 
 
-def replay_command(seed: int, steps: int, fault: str | None = None) -> str:
-    extra = f" --fault {fault}" if fault else ""
+def replay_command(seed: int, steps: int, fault: str | None = None, pipelines: bool = True) -> str:
+    extra = (f" --fault {fault}" if fault else "") + ("" if pipelines else " --no-pipelines")
     return f"python -m nodus_billing.simulating --seed {seed} --steps {steps}{extra}"
 
 
@@ -113,13 +120,16 @@ def simulate(
     *,
     fault: str | None = None,
     keep_ops: bool = False,
+    pipelines: bool = True,
 ) -> SimResult:
     """Run ``steps`` operations of the workload of ``seed``; raises :class:`SimulationFailure`.
 
-    ``fault`` injects one of :data:`FAULTS`. Every invariant is strict: none is tolerated."""
+    ``fault`` injects one of :data:`FAULTS`. Every invariant is strict: none is tolerated. ``pipelines``:
+    False draws the workload without Pipelines, exactly as before they existed (the same seed, the same
+    run)."""
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"no fault {fault!r}: choose from {', '.join(FAULTS)}")
-    return _Simulation(seed, steps, fault, keep_ops).run()
+    return _Simulation(seed, steps, fault, keep_ops, pipelines).run()
 
 
 class _Done(Exception):
@@ -127,7 +137,7 @@ class _Done(Exception):
 
 
 class _Simulation(World):
-    def __init__(self, seed: int, steps: int, fault: str | None, keep_ops: bool) -> None:
+    def __init__(self, seed: int, steps: int, fault: str | None, keep_ops: bool, pipelines: bool) -> None:
         rng = random.Random(seed)
         window = rng.choice((600_000, 120_000, 30_000))
         terms = Terms(
@@ -142,6 +152,10 @@ class _Simulation(World):
         self.started = self.now
         self.tallies = {p: Tally() for p in PROJECTS}
         self.sweeps: dict[str, tuple[str, int, int | None, int]] = {}  # project, generation, cap, rate
+        self.under: dict[str, str] = {}  # a Sweep stage's Pipeline
+        self.with_pipelines = pipelines
+        self.pipelines: dict[str, tuple[str, int, int | None]] = {}  # project, generation, cap
+        self.events = {k: w for k, w in EVENTS.items() if pipelines or k != "pipeline"}
         self.budgets: dict[tuple[str, str], tuple[str, int]] = {}  # (project, team) -> name, generation
         self.journal: deque[tuple[str, Op, Result]] = deque(maxlen=JOURNAL)
         self.ops: list[tuple[str, Op]] = []
@@ -205,7 +219,7 @@ class _Simulation(World):
         return result
 
     def _fail(self, op: object, problem: str) -> None:
-        replay = replay_command(self.seed, self.steps, self.fault)
+        replay = replay_command(self.seed, self.steps, self.fault, self.with_pipelines)
         raise SimulationFailure(self.seed, self.steps, self.step, op, problem, replay) from None
 
     def _tally(self, project: str, op: Op, result: Result, posted: bool, fresh: bool, before: int) -> None:
@@ -255,7 +269,7 @@ class _Simulation(World):
 
     def _event(self) -> None:
         rng = self.rng
-        match rng.choices(list(EVENTS), list(EVENTS.values()))[0]:
+        match rng.choices(list(self.events), list(self.events.values()))[0]:
             case "start":
                 self.start()
             case "run":
@@ -272,6 +286,8 @@ class _Simulation(World):
                 self._new_job()
             case "cap":
                 self._cap()
+            case "pipeline":
+                self._pipeline()
             case "restart":
                 self._restart()
             case "redeliver" if self.journal:
@@ -329,10 +345,46 @@ class _Simulation(World):
             project, gen, _, rate = self.sweeps[name]
             gen += 1
         cap = None if rng.random() < 0.25 else _amount(rng, rate)
+        if gen == 1 and self.with_pipelines:  # a stage of a Pipeline of the project, at times
+            pipeline = self._a_pipeline(project)
+            if pipeline is not None:
+                self.under[name] = pipeline
         self.sweeps[name] = (project, gen, cap, rate)
-        self._apply(project, PutSweep(name=name, project=project, generation=gen, max_cost_micros=cap))
+        op = PutSweep(
+            name=name, project=project, generation=gen, max_cost_micros=cap, pipeline=self.under.get(name)
+        )
+        self._apply(project, op)
         for job in self.jobs.values():
             if job.sweep == name:
+                self.requeued[job.ref] = None
+
+    def _a_pipeline(self, project: str) -> str | None:
+        """One of the project's Pipelines, or none (Pipelines only)."""
+        mine = sorted(name for name, (p, _, _) in self.pipelines.items() if p == project)
+        return self.rng.choice([None, *mine, *mine]) if mine else None
+
+    def _pipeline(self) -> None:
+        """A Pipeline put, or its cap raised, lowered (below what its stages spent and hold, at times) or
+        removed; every Job under it is looked at (the meter's ``_stages_of``)."""
+        rng = self.rng
+        if len(self.pipelines) < 2 or rng.random() < 0.25:
+            self.serial += 1
+            name, project, gen, cap = f"p{self.serial}@u{self.serial}", rng.choice(PROJECTS), 1, None
+        else:
+            name = rng.choice(sorted(self.pipelines))
+            project, gen, cap = self.pipelines[name]
+            gen += 1
+        r = rng.random()
+        if r < 0.15:
+            cap = None
+        elif r < 0.45 and cap is not None:
+            cap = rng.randint(0, cap)
+        else:
+            cap = (cap or 0) + _amount(rng, rng.choice(RATES))
+        self.pipelines[name] = (project, gen, cap)
+        self._apply(project, PutPipeline(name=name, project=project, generation=gen, max_cost_micros=cap))
+        for job in self.jobs.values():
+            if name in (job.pipeline, self.under.get(job.sweep or "")):
                 self.requeued[job.ref] = None
 
     def _new_job(self) -> None:
@@ -349,6 +401,8 @@ class _Simulation(World):
             job = SimJob(
                 f"j{self.serial}@u{self.serial}", project, None, rate, rng.randint(1, 2), rng.randint(1, 4)
             )
+            if self.with_pipelines:  # a Job stage of a Pipeline of the project, at times
+                job.pipeline = self._a_pipeline(project)
         job.cap = None if rng.random() < 0.35 else _amount(rng, rate)
         job.labels = {"team": rng.choice(("a", "b"))}
         self.jobs[job.ref] = job
@@ -381,6 +435,7 @@ class _Simulation(World):
             sweep=job.sweep,
             labels=dict(job.labels),
             max_cost_micros=job.cap,
+            pipeline=job.pipeline,
         )
         self._apply(job.project, op)
         self.requeued[job.ref] = None
@@ -444,13 +499,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=500, help="operations per seed")
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds, from --seed on")
     parser.add_argument("--fault", choices=FAULTS, help="inject a bug, to see it caught")
+    parser.add_argument(
+        "--no-pipelines", action="store_true", help="the workload without Pipelines, as before issue #22"
+    )
     args = parser.parse_args(argv)
     counts: Counter[str] = Counter()
     steps = 0
     start = time.perf_counter()
     for seed in range(args.seed, args.seed + args.seeds):
         try:
-            result = simulate(seed, args.steps, fault=args.fault)
+            result = simulate(seed, args.steps, fault=args.fault, pipelines=not args.no_pipelines)
         except SimulationFailure as e:
             print(e, file=sys.stderr)
             return 1

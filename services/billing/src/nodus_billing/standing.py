@@ -2,13 +2,18 @@
 
 :class:`State` is a msgspec Struct (camelCase JSON) the billing service keeps in KV; :mod:`holding`
 changes it only through ``apply``. The ledger inside it is the truth; ``balances`` is its fold.
+
+A Job's holds count against three levels of caps (:func:`caps_over`), innermost first: its own
+``maxCostUSD``, its Sweep's (shared by the cells), and its Pipeline's (issue #22: shared by every stage, the
+cells of its Sweep stages included). A Job stage points at its Pipeline (``Job.pipeline``); a cell points
+at its Sweep, whose entry points at the Pipeline (``Sweep.pipeline``): :func:`pipeline_of`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 import msgspec
 
@@ -58,10 +63,21 @@ class Budget(Wire):
     it (a redelivery, a retried commit) cannot bring it back: a deleted object never returns."""
 
 
+class Pipeline(Wire):
+    """A Pipeline's cap (issue #22), shared by every stage: its Job stages and its Sweep stages' cells."""
+
+    project: str
+    max_cost_micros: int | None = None
+    generation: int = 0
+
+
 class Sweep(Wire):
     project: str
     max_cost_micros: int | None = None
     generation: int = 0
+    pipeline: str | None = None
+    """The Pipeline the Sweep is a stage of (its controller ownerReference): its cells count against that
+    cap too. Never changes (a book older than Pipelines has none: the Sweep is under no Pipeline)."""
 
 
 class Job(Wire):
@@ -72,6 +88,9 @@ class Job(Wire):
     generation: int = 0
     unbilled_micros: int = 0
     """Usage reported beyond what the Job's holds reserved: recorded, not charged (ADR-0023)."""
+    pipeline: str | None = None
+    """The Pipeline a Job stage belongs to directly (its controller ownerReference). A cell has none here:
+    its Pipeline is its Sweep's (:func:`pipeline_of`). Never changes."""
 
 
 class Usage(Wire):
@@ -146,6 +165,8 @@ MAX_REPAIRS: Final = 20
 
 class State(Wire):
     budgets: dict[str, Budget] = msgspec.field(default_factory=dict)
+    pipelines: dict[str, Pipeline] = msgspec.field(default_factory=dict)
+    """Pipelines by ``<name>@<uid>`` (issue #22; absent from older books, and from books without any)."""
     sweeps: dict[str, Sweep] = msgspec.field(default_factory=dict)
     jobs: dict[str, Job] = msgspec.field(default_factory=dict)
     holds: dict[str, Hold] = msgspec.field(default_factory=dict)
@@ -202,6 +223,95 @@ def sweep_held(state: State, sweep: str) -> int:
     return sum(job_held(state, name) for name, job in state.jobs.items() if job.sweep == sweep)
 
 
+def pipeline_of(state: State, job: Job) -> str | None:
+    """The Pipeline whose cap a Job counts against: its own (a Job stage), else its Sweep's (a cell)."""
+    if job.pipeline is not None:
+        return job.pipeline
+    sweep = state.sweeps.get(job.sweep) if job.sweep is not None else None
+    return sweep.pipeline if sweep is not None else None
+
+
+def pipeline_jobs(state: State, pipeline: str) -> list[str]:
+    """Every Job under a Pipeline: its Job stages and the cells of its Sweep stages."""
+    return [name for name, job in state.jobs.items() if pipeline_of(state, job) == pipeline]
+
+
+def pipeline_spent(state: State, pipeline: str) -> int:
+    """What everything under a Pipeline has been charged."""
+    return sum(job_spent(state, name) for name in pipeline_jobs(state, pipeline))
+
+
+def pipeline_held(state: State, pipeline: str) -> int:
+    """What the open holds of everything under a Pipeline reserve."""
+    return _held_by(state, set(pipeline_jobs(state, pipeline)))
+
+
+def siblings(state: State, job_name: str) -> list[str]:
+    """The other Jobs under the Job's Sweep or Pipeline: the ones its Sweep's or Pipeline's cap binds
+    together (the cells of its Sweep; every stage of its Pipeline, the cells of its Sweep stages included)."""
+    job = state.jobs[job_name]
+    pipeline = pipeline_of(state, job)
+    return [
+        name
+        for name, other in state.jobs.items()
+        if name != job_name
+        and (
+            (job.sweep is not None and other.sweep == job.sweep)
+            or (pipeline is not None and pipeline_of(state, other) == pipeline)
+        )
+    ]
+
+
+def _held_by(state: State, jobs: set[str]) -> int:
+    return sum(held(state, h) for h, hold in state.holds.items() if hold.job in jobs)
+
+
+def _committed(state: State, jobs: Iterable[str]) -> int:
+    """Spent + held of some Jobs, in one pass over the holds."""
+    members = set(jobs)
+    return sum(job_spent(state, name) for name in members) + _held_by(state, members)
+
+
+class Level(NamedTuple):
+    """One cap a Job's holds count against: whose it is, the cap, and what is spent and held under it."""
+
+    kind: Literal["Job", "Sweep", "Pipeline"]
+    name: str
+    """The book's name of the object (``<name>@<uid>``)."""
+    cap: int
+    committed: int
+
+    @property
+    def room(self) -> int:
+        """What the cap leaves (below zero when it was lowered below what is committed)."""
+        return self.cap - self.committed
+
+
+def caps_over(state: State, job_name: str) -> list[Level]:
+    """The caps a Job's holds count against, innermost first (the order ``holding.apply`` checks them):
+    the Job's own, its Sweep's, its Pipeline's; each only when it is set."""
+    job = state.jobs[job_name]
+    out: list[Level] = []
+    if job.max_cost_micros is not None:
+        out.append(Level("Job", job_name, job.max_cost_micros, _committed(state, [job_name])))
+    sweep = state.sweeps.get(job.sweep) if job.sweep is not None else None
+    if job.sweep is not None and sweep is not None and sweep.max_cost_micros is not None:
+        cells = [name for name, j in state.jobs.items() if j.sweep == job.sweep]
+        out.append(Level("Sweep", job.sweep, sweep.max_cost_micros, _committed(state, cells)))
+    pipeline = pipeline_of(state, job)
+    known = state.pipelines.get(pipeline) if pipeline is not None else None
+    if pipeline is not None and known is not None and known.max_cost_micros is not None:
+        committed = _committed(state, pipeline_jobs(state, pipeline))
+        out.append(Level("Pipeline", pipeline, known.max_cost_micros, committed))
+    return out
+
+
+def binding_cap(state: State, job_name: str, room: int) -> Level | None:
+    """The cap that leaves a Job ``room`` (what :func:`room_for` said), innermost first on a tie; None
+    when no cap leaves that little (a Budget or the credits bind)."""
+    return next((c for c in caps_over(state, job_name) if max(c.room, 0) == room), None)
+
+
 def budget_used(state: State, budget: Budget, month: str) -> int:
     """What the holds counted in ``month`` that match the budget reserve or have been charged."""
     return sum(
@@ -221,16 +331,8 @@ def room_for(
     the Job's labels now."""
     job = state.jobs[job_name]
     labels = job.labels if labels is None else labels
-    rooms: list[tuple[int, str]] = []
-    if job.max_cost_micros is not None:
-        rooms.append(
-            (job.max_cost_micros - job_spent(state, job_name) - job_held(state, job_name), MAX_COST_REACHED)
-        )
-    if job.sweep is not None:
-        sweep = state.sweeps[job.sweep]
-        if sweep.max_cost_micros is not None:
-            spent = sweep_spent(state, job.sweep) + sweep_held(state, job.sweep)
-            rooms.append((sweep.max_cost_micros - spent, MAX_COST_REACHED))
+    # The Job's cap, its Sweep's, its Pipeline's (what everything under it spent and holds).
+    rooms = [(cap.room, MAX_COST_REACHED) for cap in caps_over(state, job_name)]
     for _, budget in sorted(state.budgets.items()):
         if budget.project == job.project and binds(budget) and matches(budget.selector, labels):
             rooms.append((budget.monthly_micros - budget_used(state, budget, month), BUDGET_EXCEEDED))
@@ -258,7 +360,7 @@ def matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
 class Suspension(Wire):
     """An object that cannot fund one more billing increment, with the reason and the fix."""
 
-    kind: Literal["Job", "Sweep", "Project"]
+    kind: Literal["Job", "Sweep", "Pipeline", "Project"]
     name: str
     reason: str
     message: str
@@ -266,19 +368,26 @@ class Suspension(Wire):
 
 
 def suspensions(state: State, increment_micros: int) -> list[Suspension]:
-    """Every Job and Sweep at its cap (MaxCostReached) and every project out of credit (InsufficientCredits).
+    """Every Job, Sweep and Pipeline at its cap (MaxCostReached) and every project out of credit
+    (InsufficientCredits).
 
     "At its cap" means the headroom left (cap − spent − held) cannot fund one more ``increment_micros``:
     its running work must checkpoint and stop when its holds run out. A cell of a Sweep at its cap is
-    listed too. Raising the cap (or granting credits) takes the object off this list: it is resumable.
+    listed too, and so is every Job under a Pipeline at its cap. Raising the cap (or granting credits)
+    takes the object off this list: it is resumable.
     """
     out: list[Suspension] = []
     for name, sweep in sorted(state.sweeps.items()):
         room = _sweep_room(state, name, sweep)
         if room is not None and room < increment_micros:
             out.append(_capped("Sweep", name, sweep.max_cost_micros or 0, room))
-    for name, job in sorted(state.jobs.items()):
-        capped = _job_capped(state, name, job, increment_micros)
+    for name, pipeline in sorted(state.pipelines.items()):
+        if pipeline.max_cost_micros is not None:
+            room = pipeline.max_cost_micros - _committed(state, pipeline_jobs(state, name))
+            if room < increment_micros:
+                out.append(_capped("Pipeline", name, pipeline.max_cost_micros, room))
+    for name in sorted(state.jobs):
+        capped = _job_capped(state, name, increment_micros)
         if capped is not None:
             out.append(capped)
     for project in sorted({job.project for job in state.jobs.values()}):
@@ -295,32 +404,26 @@ def suspensions(state: State, increment_micros: int) -> list[Suspension]:
 
 
 def resumable(state: State, job: str, increment_micros: int) -> bool:
-    """Whether a suspended Job may resume: neither it, its Sweep nor its project is on the suspension list."""
+    """Whether a suspended Job may resume: neither it, its Sweep, its Pipeline nor its project is on the
+    suspension list."""
     record = state.jobs[job]
     blocking = {("Job", job), ("Project", record.project)}
     if record.sweep is not None:
         blocking.add(("Sweep", record.sweep))
+    pipeline = pipeline_of(state, record)
+    if pipeline is not None:
+        blocking.add(("Pipeline", pipeline))
     return not any((s.kind, s.name) in blocking for s in suspensions(state, increment_micros))
 
 
-def _job_capped(state: State, name: str, job: Job, increment_micros: int) -> Suspension | None:
-    """The Job's own cap first; then its Sweep's, which stops every cell."""
-    room = _job_room(state, name, job)
-    if room is not None and room < increment_micros:
-        return _capped("Job", name, job.max_cost_micros or 0, room)
-    if job.sweep is None:
-        return None
-    sweep = state.sweeps[job.sweep]
-    room = _sweep_room(state, job.sweep, sweep)
-    if room is not None and room < increment_micros:
-        return _capped("Job", name, sweep.max_cost_micros or 0, room, via=f"sweep {job.sweep}")
+def _job_capped(state: State, name: str, increment_micros: int) -> Suspension | None:
+    """The Job's own cap first; then its Sweep's, which stops every cell; then its Pipeline's, which stops
+    every stage."""
+    for cap in caps_over(state, name):
+        if cap.room < increment_micros:
+            via = "" if cap.kind == "Job" else f"{cap.kind.lower()} {cap.name}"
+            return _capped("Job", name, cap.cap, cap.room, via=via)
     return None
-
-
-def _job_room(state: State, name: str, job: Job) -> int | None:
-    if job.max_cost_micros is None:
-        return None
-    return job.max_cost_micros - job_spent(state, name) - job_held(state, name)
 
 
 def _sweep_room(state: State, name: str, sweep: Sweep) -> int | None:
@@ -329,7 +432,9 @@ def _sweep_room(state: State, name: str, sweep: Sweep) -> int | None:
     return sweep.max_cost_micros - sweep_spent(state, name) - sweep_held(state, name)
 
 
-def _capped(kind: Literal["Job", "Sweep"], name: str, cap: int, room: int, via: str = "") -> Suspension:
+def _capped(
+    kind: Literal["Job", "Sweep", "Pipeline"], name: str, cap: int, room: int, via: str = ""
+) -> Suspension:
     owner = via or f"{kind.lower()} {name}"
     msg = f"{kind} {name}: {_usd(max(room, 0))} left under the maxCostUSD {_usd(cap)} of {owner}"
     fix = f"raise the maxCostUSD of {owner} above {_usd(cap - room)} to resume"

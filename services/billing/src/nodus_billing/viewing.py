@@ -8,6 +8,9 @@ dicts instead of listing a namespace per Job. The indexes answer the meter's que
   reconcile captures, charges and extends;
 * Jobs by their Sweep (``BY_SWEEP``, the ``nodus.dev/sweep`` label within the namespace): the cells a
   Sweep's new cap concerns;
+* Jobs and Sweeps by the Pipeline that controls them (``BY_PIPELINE``, their controller ownerReference of
+  kind Pipeline, within the namespace): the stages a Pipeline's new cap concerns, and through the Sweep
+  stages, their cells (issue #22). The Pipelines themselves are read by the uid the reference names;
 * funding records that block their Job, by project (``BLOCKED``): what a grant or a Budget may unblock;
 * the books' open holds by Job (``OPEN``): a light view of the ``accounts`` bucket that decodes each book's
   holds and skips its ledger (:class:`BookGlance`). It answers "is anything of this Job held?" for the
@@ -34,11 +37,13 @@ from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.billing import Funding
 from nodus_schema.jobs import Job
 from nodus_schema.meta import ObjectMeta
+from nodus_schema.pipelines import Pipeline
 from nodus_schema.sweeps import Sweep
 from nodus_schema.wire import Wire
 
 BY_JOB = "job"
 BY_SWEEP = "sweep"
+BY_PIPELINE = "pipeline"
 BLOCKED = "blocked"
 OPEN = "open"
 
@@ -53,6 +58,19 @@ def labelled(label: str) -> Indexer:
     def index(obj: Any) -> Iterable[str]:
         value = obj.metadata.labels.get(label)
         return (in_namespace(obj.metadata.namespace, value),) if value else ()
+
+    return index
+
+
+def controlled_by(kind: str) -> Indexer:
+    """An indexer by the name of the object's controller of ``kind`` (its ownerReference with ``controller:
+    true``) within its namespace; only a controller counts, as the book decides (``putting``)."""
+
+    def index(obj: Any) -> Iterable[str]:
+        ref = next((o for o in obj.metadata.owner_references if o.controller), None)
+        if ref is None or ref.kind != kind or not ref.name:
+            return ()
+        return (in_namespace(obj.metadata.namespace, ref.name),)
 
     return index
 
@@ -106,9 +124,10 @@ class Views:
     sweeps: Informer[Sweep]
     funding: Informer[Funding]
     books: Informer[BookGlance]
+    pipelines: Informer[Pipeline]
 
     def all(self) -> list[Informer[Any]]:
-        return [self.jobs, self.attempts, self.sweeps, self.funding, self.books]
+        return [self.jobs, self.attempts, self.sweeps, self.funding, self.books, self.pipelines]
 
     def synced(self) -> bool:
         return all(informer.synced.is_set() for informer in self.all())
@@ -136,6 +155,13 @@ class Views:
 
     def cells(self, namespace: str | None, sweep: str) -> list[Job]:
         return self.jobs.by_index(BY_SWEEP, in_namespace(namespace, sweep))
+
+    def stages(self, namespace: str | None, pipeline: str) -> list[Job]:
+        """The Jobs under a Pipeline of this name (any uid): its Job stages and its Sweep stages' cells."""
+        at = in_namespace(namespace, pipeline)
+        sweeps = self.sweeps.by_index(BY_PIPELINE, at)
+        cells = [j for s in sweeps for j in self.cells(s.metadata.namespace, s.metadata.name or "")]
+        return self.jobs.by_index(BY_PIPELINE, at) + cells
 
     def blocked_in(self, project: str) -> list[Funding]:
         return self.funding.by_index(BLOCKED, project)

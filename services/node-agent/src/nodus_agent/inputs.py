@@ -11,8 +11,9 @@ Each input ``<name>`` ends up at ``<attempt dir>/inputs/<name>`` (the program se
 
 ``volume`` and ``fromWorkspace`` inputs are checked here with the others but put in place by
 :mod:`nodus_agent.mounting` (a Volume revision from the node's cache, a Workspace's snapshot), which knows
-the grant's revisions and the node's cache; ``fromStage`` is refused (Nodus has no Pipelines yet, and
-admission refuses it too).
+the grant's revisions and the node's cache; ``fromStage`` is refused: the Pipeline controller rewrites it
+into an ``output`` input naming the producing Job before the stage's Job exists, so a StartAttempt never
+carries one (ADR-0039).
 
 Safe to kill at any line, and idempotent: everything is fetched into a private staging directory beside
 ``inputs/`` and renamed into place only once complete and verified, so the final name never holds a partial
@@ -45,7 +46,12 @@ from nodus_schema.jobs import JobInput
 __all__ = ["INPUT_NAME", "MOUNTED_KINDS", "materialise"]
 
 INPUT_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
-REFUSED_KINDS: Final = {"fromStage": "Pipelines"}
+REFUSED_KINDS: Final = {
+    "fromStage": (
+        "a fromStage input is resolved by the Pipeline before the run (into an output input naming the "
+        "producing Job), so a StartAttempt never carries one"
+    )
+}
 MOUNTED_KINDS: Final = frozenset({"volume", "fromWorkspace"})
 """Kinds :func:`nodus_agent.mounting.prepare_mounts` puts in place (:func:`materialise` skips them)."""
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
@@ -115,11 +121,7 @@ def _check(inp: JobInput) -> None:
             f"an input has exactly one of url, bucket, output, volume or fromWorkspace; this one has {kinds}",
         )
     if kinds[0] in REFUSED_KINDS:
-        raise InputError(
-            name,
-            f"{kinds[0]} inputs are not supported yet (Nodus has no {REFUSED_KINDS[kinds[0]]}); "
-            "use url, bucket, output, volume or fromWorkspace",
-        )
+        raise InputError(name, f"{REFUSED_KINDS[kinds[0]]}; use url, bucket, output, volume or fromWorkspace")
     digest = inp.url.sha256 if inp.url else inp.bucket.sha256 if inp.bucket else None
     if digest is not None and not _SHA256.fullmatch(digest):
         raise InputError(name, f"sha256 {digest!r} is not 64 lower case hex digits")

@@ -1,4 +1,4 @@
-// The Nodus web view: Sweeps and Jobs, read from the same /apis/nodus.dev/v1 API the CLI calls.
+// The Nodus web view: Sweeps, Jobs and Pipelines, read from the same /apis/nodus.dev/v1 API the CLI calls.
 //
 // Plain JavaScript, no framework and no build step: the gateway serves the files as they are (webview.py).
 // Views are hash routes, so the gateway serves one page and the browser's back button works:
@@ -7,6 +7,8 @@
 //   #/sweeps/<project>/<name>     a Sweep: spend against its cap, the cost-versus-throughput chart, its cells
 //   #/jobs[/<project>]            Jobs
 //   #/jobs/<project>/<name>       a Job: cost by segment, attempts, checkpoints, its log
+//   #/pipelines[/<project>]       Pipelines
+//   #/pipelines/<project>/<name>  a Pipeline: spend against its cap, the estimate, its stages by depth
 //
 // The token (ADR-0033): pasted once, kept in this tab's sessionStorage, sent as `Authorization: Bearer`
 // on every API call and never as a cookie, so no other site can make the browser call the API for the
@@ -20,9 +22,10 @@
 // imports come from this origin only, as the Content-Security-Policy's script-src 'self' allows). It routes;
 // each view, and what they share, is a module of its own:
 //
-//   lists.js                      the lists of Sweeps and Jobs
+//   lists.js                      the lists of Sweeps, Jobs and Pipelines
 //   sweep.js, chart.js            a Sweep's page and its chart
 //   job.js, jobsections.js        a Job's page and its sections
+//   pipeline.js, stages.js        a Pipeline's page and how its stages are read
 //   api.js, watch.js              calls to the gateway, and the watch that keeps a page current
 //   session.js, login.js          the token and the view on screen; signing in, and errors
 //   widgets.js, format.js, dom.js the pieces of every page, values as the CLI prints them, elements and text
@@ -32,11 +35,12 @@ import { setLive } from "./dom.js";
 import { jobPage } from "./job.js";
 import { listPage } from "./lists.js";
 import { failed, showLogin } from "./login.js";
+import { pipelinePage } from "./pipeline.js";
 import { newView, onSessionChange, signOut, token } from "./session.js";
 import { sweepPage } from "./sweep.js";
 
 function markNav(section) {
-  for (const id of ["sweeps", "jobs"]) {
+  for (const id of ["sweeps", "jobs", "pipelines"]) {
     document.getElementById(`nav-${id}`).classList.toggle("active", section === id);
   }
 }
@@ -63,7 +67,12 @@ async function route() {
     else if (section === "sweeps") await listPage("sweeps", namespace, signal);
     else if (section === "jobs" && name) await jobPage(namespace, name, signal);
     else if (section === "jobs") await listPage("jobs", namespace, signal);
-    else throw new ApiError(404, { message: `there is no page #/${parts.join("/")}`, fix: "The pages are #/sweeps and #/jobs." });
+    else if (section === "pipelines" && name) await pipelinePage(namespace, name, signal);
+    else if (section === "pipelines") await listPage("pipelines", namespace, signal);
+    else {
+      const fix = "The pages are #/sweeps, #/jobs and #/pipelines.";
+      throw new ApiError(404, { message: `there is no page #/${parts.join("/")}`, fix });
+    }
   } catch (e) {
     if (!signal.aborted) failed(e);
   }

@@ -1,8 +1,9 @@
-// The lists: Sweeps or Jobs, in every project the token can read or in one (the project selector).
+// The lists: Sweeps, Jobs or Pipelines, in every project the token can read or in one (the project selector).
 
 import { getJSON } from "./api.js";
 import { enc, h, show } from "./dom.js";
 import { NONE, TERMINAL, age, gpuOf, usd, wall } from "./format.js";
+import { stagesDone } from "./stages.js";
 import { phaseBadge, table } from "./widgets.js";
 
 const LIST_LIMIT = 500;
@@ -28,9 +29,8 @@ export async function listPage(plural, namespace, signal) {
   const items = list.items || [];
   for (const item of items) seenNamespaces.add(item.metadata.namespace);
   if (namespace) seenNamespaces.add(namespace);
-  const rows = items.map((item) => (plural === "sweeps" ? sweepRow(item) : jobRow(item)));
-  const columns = plural === "sweeps" ? SWEEP_COLUMNS : JOB_COLUMNS;
-  const title = plural === "sweeps" ? "Sweeps" : "Jobs";
+  const { title, columns, row } = LISTS[plural];
+  const rows = items.map(row);
   const more = list.metadata && list.metadata.continue;
   show(
     h("h1", {}, title),
@@ -89,3 +89,29 @@ function jobRow(job) {
     h("td", {}, age(metadata.creationTimestamp)),
   );
 }
+
+const PIPELINE_COLUMNS = [
+  ["Project"], ["Name"], ["Phase"], ["Stages", "num"], ["Spent", "num"], ["Cap", "num"], ["Age"],
+];
+
+function pipelineRow(pipeline) {
+  const { metadata, spec = {}, status = {} } = pipeline;
+  const { succeeded, total } = stagesDone(pipeline);
+  return h(
+    "tr",
+    { "data-name": metadata.name, "data-namespace": metadata.namespace },
+    h("td", {}, metadata.namespace),
+    h("td", {}, h("a", { href: `#/pipelines/${enc(metadata.namespace)}/${enc(metadata.name)}` }, metadata.name)),
+    h("td", {}, phaseBadge(status.phase)),
+    h("td", { class: "num" }, `${succeeded}/${total}`),
+    h("td", { class: "num" }, usd(status.cost && status.cost.totalUSD)),
+    h("td", { class: "num" }, usd(spec.maxCostUSD)),
+    h("td", {}, age(metadata.creationTimestamp)),
+  );
+}
+
+const LISTS = {
+  sweeps: { title: "Sweeps", columns: SWEEP_COLUMNS, row: sweepRow },
+  jobs: { title: "Jobs", columns: JOB_COLUMNS, row: jobRow },
+  pipelines: { title: "Pipelines", columns: PIPELINE_COLUMNS, row: pipelineRow },
+};

@@ -4,8 +4,8 @@
 import { getJSON } from "./api.js";
 import { chart } from "./chart.js";
 import { enc, h, show } from "./dom.js";
-import { NONE, TERMINAL, age, micros, percent, usd, wall } from "./format.js";
-import { facts, heading, phaseBadge, showGone, table } from "./widgets.js";
+import { NONE, TERMINAL, age, usd, wall } from "./format.js";
+import { capBar, facts, heading, phaseBadge, showGone, table } from "./widgets.js";
 import { watch } from "./watch.js";
 
 export async function sweepPage(namespace, name, signal) {
@@ -41,31 +41,6 @@ function showSweep(sweep) {
     table("cells", CELL_COLUMNS, cells.map((c) => cellRow(metadata.namespace, c, status.best || {})), "No cells yet."),
     h("h2", {}, "Cost versus throughput"),
     h("div", { class: "chart-row" }, chart(sweep), bestLines(cells, status.best || {})),
-  );
-}
-
-function capBar(total, cap) {
-  // The spend as a share of the cap, exact: both amounts in micro-dollars, the share in tenths of a percent.
-  const spent = micros(total) ?? 0n;
-  const limit = micros(cap);
-  const fill = h("div", { class: "cap-fill", id: "cap-fill" });
-  let text;
-  let cls = "cap";
-  let permille = null;
-  if (limit === null || limit === 0n) {
-    text = `spent ${usd(total || "0")}; no cap (spec.maxCostUSD is not set)`;
-  } else {
-    permille = (spent * 1000n) / limit;
-    text = `spent ${usd(total || "0")} of the ${usd(cap)} cap (${percent(permille)})`;
-    if (permille >= 1000n) cls += " over";
-    else if (permille >= 800n) cls += " high";
-    fill.style.width = `${Number(permille > 1000n ? 1000n : permille) / 10}%`;
-  }
-  return h(
-    "div",
-    { class: cls, id: "cap", "data-permille": permille === null ? "" : String(permille) },
-    h("div", { class: "cap-track", role: "progressbar", "aria-label": "spend against the cap" }, fill),
-    h("div", { class: "cap-text", id: "cap-text" }, text),
   );
 }
 
