@@ -15,7 +15,6 @@ Pipeline says Suspended), raising the Pipeline's maxCostUSD resumes it, and it e
 
 from __future__ import annotations
 
-import errno
 import os
 import ssl
 import sys
@@ -29,6 +28,7 @@ import pytest_asyncio
 
 from nodus_testing.localstack import Stack, agent
 from nodus_testing.waiting import eventually
+from tests.e2e.test_service_accounts import wake
 
 pytestmark = pytest.mark.slow
 
@@ -159,18 +159,6 @@ async def ended(http: httpx.AsyncClient, name: str) -> dict[str, Any]:
         return p if st.get("phase") in ("Succeeded", "Failed", "Cancelled") and final else None
 
     return await eventually(done, deadline_s=240, interval_s=0.5, message=f"pipeline {name} never ended")
-
-
-def wake(fifo: Path) -> bool:
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError as e:
-        if e.errno == errno.ENXIO:
-            return False
-        raise
-    with os.fdopen(fd, "w") as f:
-        f.write("go\n")
-    return True
 
 
 async def test_four_stages_run_to_succeeded_with_the_best_cell_and_outputs_flowing_on(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -10,10 +11,13 @@ import pytest_asyncio
 from fastapi import FastAPI
 from nats.aio.client import Client as NATS
 
+from nodus_billing.quoting import serve_quotes
 from nodus_gateway import estimating
 from nodus_gateway.app import build_app
 from nodus_gateway.gitrefs import GitSettings
 from nodus_gateway.resources import stores_for
+from nodus_scheduler.cataloging import load_catalog
+from nodus_scheduler.estimating import serve_estimates
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
@@ -50,6 +54,24 @@ async def billing_endpoints(nc: NATS) -> AsyncIterator[None]:
     from nodus_billing.serving import serve_accounts
 
     subs = await serve_accounts(nc, Books(nc))
+    yield
+    for sub in subs:
+        await sub.unsubscribe()
+
+
+def failure(resp: httpx.Response, code: int, reason: str) -> dict[str, Any]:
+    """The body of a ``code`` answer: a metav1.Status of ``reason`` with a fix."""
+    assert resp.status_code == code, resp.text
+    body: dict[str, Any] = resp.json()
+    assert (body["kind"], body["code"], body["reason"]) == ("Status", code, reason)
+    assert body["fix"]
+    return body
+
+
+@pytest_asyncio.fixture
+async def endpoints(nc: NATS) -> AsyncIterator[None]:
+    """The scheduler's and billing's estimate endpoints, on the real subjects the gateway asks."""
+    subs = [await serve_estimates(nc, load_catalog()), await serve_quotes(nc)]
     yield
     for sub in subs:
         await sub.unsubscribe()

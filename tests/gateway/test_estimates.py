@@ -31,6 +31,7 @@ from nodus_schema.jobs import JobSpec
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.sweeps import Sweep
 from nodus_sweeps.reconciling import _bound
+from tests.gateway.conftest import failure
 
 API = "/apis/nodus.dev/v1"
 DRY = {"dryRun": "All"}
@@ -74,23 +75,6 @@ def sweep_body(name: str) -> dict[str, Any]:
             "template": {"kind": "Job", "spec": {"image": "x", "expectedDuration": "30m"}},
         },
     }
-
-
-def failure(resp: httpx.Response, code: int, reason: str) -> dict[str, Any]:
-    assert resp.status_code == code, resp.text
-    body: dict[str, Any] = resp.json()
-    assert (body["kind"], body["code"], body["reason"]) == ("Status", code, reason)
-    assert body["fix"]
-    return body
-
-
-@pytest_asyncio.fixture
-async def endpoints(nc: NATS) -> AsyncIterator[None]:
-    """The scheduler's and billing's estimate endpoints, on the real subjects the gateway asks."""
-    subs = [await serve_estimates(nc, load_catalog()), await serve_quotes(nc)]
-    yield
-    for sub in subs:
-        await sub.unsubscribe()
 
 
 # -- dry run ---------------------------------------------------------------------------------------

@@ -10,21 +10,16 @@ the Pipeline's are checked against what the gateway answers for its parts. The p
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import httpx
-import pytest_asyncio
-from nats.aio.client import Client as NATS
 
-from nodus_billing.quoting import serve_quotes
 from nodus_gateway.chaining import StageEstimate, combine, critical_path, rerooted, stage_time
-from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.costs import DurationBand, Estimate, USDBand
 from nodus_schema.estimating import RATE_CEILING_ANNOTATION, SlotPlan
 from nodus_schema.quantities import format_duration, micros_to_usd, parse_duration, usd_to_micros
+from tests.gateway.conftest import failure
 
 API = "/apis/nodus.dev/v1"
 DRY = {"dryRun": "All"}
@@ -104,23 +99,6 @@ async def parts(api: httpx.AsyncClient, namespace: str) -> dict[str, dict[str, A
 
 def total(estimates: dict[str, dict[str, Any]], band: str, which: str) -> str:
     return micros_to_usd(sum(usd_to_micros(e[band][which]) for e in estimates.values()))
-
-
-def failure(resp: httpx.Response, code: int, reason: str) -> dict[str, Any]:
-    assert resp.status_code == code, resp.text
-    out: dict[str, Any] = resp.json()
-    assert (out["kind"], out["code"], out["reason"]) == ("Status", code, reason)
-    assert out["fix"]
-    return out
-
-
-@pytest_asyncio.fixture
-async def endpoints(nc: NATS) -> AsyncIterator[None]:
-    """The scheduler's and billing's estimate endpoints, on the real subjects the gateway asks."""
-    subs = [await serve_estimates(nc, load_catalog()), await serve_quotes(nc)]
-    yield
-    for sub in subs:
-        await sub.unsubscribe()
 
 
 # -- through the API -----------------------------------------------------------------------------------------
