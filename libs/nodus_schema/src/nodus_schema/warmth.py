@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Final
 
+import msgspec
+
 from nodus_schema.attempts import Attempt
 from nodus_schema.jobs import JobSpec
 from nodus_schema.meta import parse_time
@@ -36,6 +38,7 @@ __all__ = [
     "scaledown_window",
     "window_end_ms",
     "window_ms",
+    "with_end",
 ]
 
 KEEPS_WARM_PHASES: Final = frozenset({"Succeeded", "Failed", "Stopped"})
@@ -103,3 +106,12 @@ def _epoch_ms(text: str | None) -> int | None:
         return int(parse_time(text).timestamp() * 1000)
     except ValueError:
         return None
+
+
+def with_end(attempt: Attempt, end_ms: int) -> Attempt | None:
+    """``attempt`` with its window ended at ``end_ms`` (``warmEndMs``), for a compare-and-set; None when it
+    kept no window or an end is already written (the scheduler and billing both end windows: first wins)."""
+    st = attempt.status
+    if st.warm_end_ms is not None or st.warm_until_ms is None:
+        return None
+    return msgspec.structs.replace(attempt, status=msgspec.structs.replace(st, warm_end_ms=end_ms))

@@ -27,7 +27,7 @@ from nodus_kit.errors import NotFound
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
 from nodus_schema.ledger import charge_micros
-from nodus_schema.warmth import open_at, window_end_ms, window_ms
+from nodus_schema.warmth import open_at, window_end_ms, window_ms, with_end
 
 WARM_FROM = "warm-from"
 """The billing informer's index of Attempts by the keeper whose window they reused."""
@@ -87,12 +87,9 @@ def end_of_funding(
 async def write_end(attempts: ObjectStore[Attempt], attempt: Attempt, end_ms: int) -> Attempt | None:
     """Write the keeper's ``warmEndMs`` (only if nobody has): the stored Attempt, None if it is gone."""
 
-    def change(a: Attempt) -> Attempt | None:
-        if a.status.warm_end_ms is not None or a.status.warm_until_ms is None:
-            return None
-        return msgspec.structs.replace(a, status=msgspec.structs.replace(a.status, warm_end_ms=end_ms))
-
     try:
-        return await attempts.mutate(attempt.metadata.namespace, attempt.metadata.name or "", change)
+        return await attempts.mutate(
+            attempt.metadata.namespace, attempt.metadata.name or "", lambda a: with_end(a, end_ms)
+        )
     except NotFound:
         return None

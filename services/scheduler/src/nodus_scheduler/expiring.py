@@ -9,11 +9,9 @@ looked at when it does. Safe to kill at any line: a delete that finds nothing is
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_kit.errors import NotFound
@@ -24,6 +22,7 @@ from nodus_scheduler.viewing import World
 from nodus_schema.attempts import Attempt
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import parse_time
+from nodus_schema.warmth import with_end
 
 
 def settled(job: Job) -> bool:
@@ -81,16 +80,9 @@ class Expirer:
         for a in kept:
             if a.status.warm_end_ms is None:
                 self.world.attempts.apply(
-                    await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", _end_at(now_ms))
+                    await self.attempts.mutate(
+                        a.metadata.namespace, a.metadata.name or "", lambda stored: with_end(stored, now_ms)
+                    )
                 )
         cost = job.status.cost
         return bool(kept) and not (cost is not None and cost.final) and overdue_s < WINDOW_CAPTURE_GRACE_S
-
-
-def _end_at(now_ms: int) -> Callable[[Attempt], Attempt | None]:
-    def change(a: Attempt) -> Attempt | None:
-        if a.status.warm_end_ms is not None or a.status.warm_until_ms is None:
-            return None
-        return msgspec.structs.replace(a, status=msgspec.structs.replace(a.status, warm_end_ms=now_ms))
-
-    return change

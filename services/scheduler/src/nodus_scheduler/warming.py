@@ -27,15 +27,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Final
 
-import msgspec
-
 from nodus_kit.errors import NotFound
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.capacity import CapacityIndex, Warm
 from nodus_scheduler.viewing import ACTIVE_ON, WARM_ON, World
 from nodus_schema.attempts import JOB_UID_LABEL, Attempt
 from nodus_schema.messages import AttemptFinished
-from nodus_schema.warmth import keeps_warm, scaledown_window, window_end_ms
+from nodus_schema.warmth import keeps_warm, scaledown_window, window_end_ms, with_end
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +114,6 @@ class WarmWindows:
             )
         if before is not None and self.capacity.warm(node) is None:
             self.kick()  # kept for nobody now: waiting Jobs of any project may fit
-        self._wake.set()
 
     # -- closing (the leader) ------------------------------------------------------------------------
     def wake(self) -> None:
@@ -168,14 +165,9 @@ class WarmWindows:
         return None
 
     async def _close(self, keeper: Attempt, end: int) -> bool:
-        def change(a: Attempt) -> Attempt | None:
-            if a.status.warm_end_ms is not None or a.status.warm_until_ms is None:
-                return None
-            return msgspec.structs.replace(a, status=msgspec.structs.replace(a.status, warm_end_ms=end))
-
         try:
             written = await self.attempts.mutate(
-                keeper.metadata.namespace, keeper.metadata.name or "", change
+                keeper.metadata.namespace, keeper.metadata.name or "", lambda a: with_end(a, end)
             )
         except NotFound:
             return False
