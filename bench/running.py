@@ -73,7 +73,8 @@ def spawn(
     bench's."""
     profile = os.environ.get("NODUS_BENCH_PROFILE")
     if profile and profiled:
-        args = ["-m", "cProfile", "-o", str(Path(profile).resolve() / f"{log.stem}.prof"), *args]
+        # Timed by CPU (bench/profiling.py): the processes share the cores, wall time would blame waits.
+        args = ["-m", "bench.profiling", str(Path(profile).resolve() / f"{log.stem}.prof"), *args]
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, *args],

@@ -124,6 +124,7 @@ async def run(n: int) -> list[Result]:
             ["-m", "nodus_scheduler"],
             {**env, **credential(server, "scheduler"), "NODUS_FUNDING": "off"},
             tmp / "scheduler.log",
+            profiled=True,  # with NODUS_BENCH_PROFILE=<dir> (bench/running.py)
         )
         try:
             nodes = ObjectStore(nc, "nodes", Node)

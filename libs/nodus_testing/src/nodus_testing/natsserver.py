@@ -35,6 +35,14 @@ def _harness_key(seed: Path) -> str:
     return credentials.seed_public_key(seed)
 
 
+def harness_accounts(directory: Path) -> tuple[permitting.Generated, str, Path]:
+    """Every service's credential generated into ``directory``, the accounts config with the harness user
+    added, and the harness's seed file: what a test server, or each member of a test cluster, runs with."""
+    generated = permitting.generate(directory)
+    seed = generated.directory / f"{HARNESS}{credentials.SEED_SUFFIX}"
+    return generated, _with_harness(generated.accounts.read_text(), _harness_key(seed)), seed
+
+
 def _with_harness(accounts: str, public_key: str) -> str:
     """The generated accounts with the harness user added to the NODUS account (no permissions block:
     every subject), for fixtures that play any service at once."""
@@ -73,10 +81,8 @@ class NatsServer:
         self.harness_seed: Path | None = None
         """The seed file of the test-only ``harness`` user (None: the caller's accounts, or no auth)."""
         if auth and "accounts" not in extra_config:
-            self.credentials = permitting.generate(self.store_dir / "credentials")
-            self.harness_seed = self.credentials.directory / f"{HARNESS}{credentials.SEED_SUFFIX}"
-            key = _harness_key(self.harness_seed)
-            self.extra_config = _with_harness(self.credentials.accounts.read_text(), key) + extra_config
+            self.credentials, accounts, self.harness_seed = harness_accounts(self.store_dir / "credentials")
+            self.extra_config = accounts + extra_config
 
     @property
     def url(self) -> str:

@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -73,6 +74,7 @@ from nodus_scheduler.ganging import (
     gang_attempts,
     shape_of,
 )
+from nodus_scheduler.pacing import Pacing
 from nodus_scheduler.placing import NoPlacement, Placement, place_in, rate_ceiling_of
 from nodus_scheduler.ranging import within_ranges
 from nodus_scheduler.ruling import (
@@ -178,6 +180,11 @@ class Lifecycle:
         world.attempts.add_handler(self._on_attempt)
         world.nodes.add_handler(self._on_node)
         self._tasks: list[asyncio.Task[None]] = []
+        # When this process last sent each Pending run's StartAttempt (monotonic): a stuck run is sent again
+        # REASSIGN_AFTER_S after the last send, not on every pass of its Job (under load that storm made the
+        # load worse). Entries leave when the run is no longer Pending; a restart sends stuck runs at once.
+        self._sent: dict[tuple[str, str], float] = {}
+        self.pacing = Pacing()
 
     @property
     def waiting(self) -> set[JobKey]:
@@ -198,7 +205,10 @@ class Lifecycle:
         self.binder.line.clear()  # the next leader (maybe this one again) builds the line anew
 
     def _on_attempt(self, event: Event[Attempt]) -> None:
-        self._release(event.object.spec.node)
+        a = event.object
+        if event.type == "DELETED" or a.status.phase != "Pending":
+            self._sent.pop((a.metadata.namespace or "", a.metadata.name or ""), None)
+        self._release(a.spec.node)
 
     def _on_node(self, event: Event[Node]) -> None:
         name = event.object.metadata.name or ""
@@ -242,10 +252,17 @@ class Lifecycle:
         job = self.world.jobs.get(*key)
         if job is None:
             # The Job was deleted (or its Sweep was): nothing of it may keep running.
+            self.pacing.forget(key)
             await self._stop(named, StopReason.JOB_DELETED)
             self.binder.drop(key)
             self.warm.wake()  # a window its runs kept ends with it
             return None
+        if job.status.phase in TERMINAL_PHASES:
+            self.pacing.forget(key)  # a finished Job's pass is short, and it is seldom passed again
+        elif (wait := self.pacing.wait(key)) > 0:
+            return wait  # a large Job rests between passes (pacing.py): this event is taken then
+        else:
+            self.pacing.passed(key, len(named))
         # A child of the Job's create, whatever event or resync brought it here (ADR-0032).
         with tracing.object_span("reconcile Job", job):
             return await self._reconcile(key, job, named)
@@ -315,12 +332,15 @@ class Lifecycle:
                 if g.active and g.complete and g.trouble(now, shape, busy) is None
                 for a in g.ranked
             ]
+        clock = time.monotonic()
         for a in stuck:
             created = a.metadata.creation_timestamp
+            sent = self._sent.get((a.metadata.namespace or "", a.metadata.name or ""))
             if (
                 a.status.phase == "Pending"
                 and created
                 and (now - parse_time(created)).total_seconds() >= REASSIGN_AFTER_S
+                and (sent is None or clock - sent >= REASSIGN_AFTER_S)
             ):
                 await self._assign(job, a)
 
@@ -570,6 +590,7 @@ class Lifecycle:
         }
         with tracing.object_span("assign", job, attributes):
             await self._publish_start(job, attempt)
+        self._sent[(attempt.metadata.namespace or "", attempt.metadata.name or "")] = time.monotonic()
 
     async def _publish_start(self, job: Job, attempt: Attempt) -> None:
         left = deadline_left(job, datetime.now(UTC))

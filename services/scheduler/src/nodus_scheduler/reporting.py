@@ -41,11 +41,12 @@ class Reports:
     the Attempt it holds and written with compare-and-set on its revision: one write instead of a read and
     a write. A stale view loses the compare-and-set and the report is applied again to a fresh read.
 
-    Reports of one Attempt are handled one at a time, in the order they were delivered (the consumer
-    runs a batch concurrently): a short run's Started and Finished arrive together, and applied side by
-    side to the same cached revision one of them always lost its compare-and-set and was read and
-    written again (0.85 refused writes per cell in bench/sweeps_bench.py). Queued behind the Started,
-    the Finished applies to the revision the Started wrote.
+    Reports of one Attempt are handled one write at a time, in the order they were delivered (the
+    consumer runs a batch concurrently): a short run's Started and Finished arrive together, and applied
+    side by side to the same cached revision one of them always lost its compare-and-set and was read and
+    written again (0.85 refused writes per cell in bench/sweeps_bench.py). Reports that queue up while a
+    write is under way are applied together, in order, in the next write: a 0-second run's Started and
+    Finished cost one write of its Attempt, not two (issue #23).
 
     Node restriction: a report counts only when the node of its subject (which the bus lets only that
     node's agent publish on), the node it names and the Attempt's node agree; any other is dropped and
@@ -70,40 +71,79 @@ class Reports:
         turn = self._turns.get(key)
         if turn is None:
             turn = self._turns[key] = _Turn()
-        turn.users += 1
-        try:
-            # asyncio.Lock wakes waiters first come, first served: delivery order is kept.
-            async with turn.lock:
-                await self._apply(delivery.data, sender(delivery.subject, REPORT_PREFIX))
-        finally:
-            turn.users -= 1
-            if turn.users == 0:
-                del self._turns[key]
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        turn.waiting.append((delivery.data, sender(delivery.subject, REPORT_PREFIX), done))
+        if not turn.draining:
+            await self._drain(key, turn)
+        await done
 
-    async def _apply(self, report: Report, node: str | None) -> None:
-        cached = self.view.get(report.namespace, report.attempt) if self.view is not None else None
+    async def _drain(self, key: tuple[str, str], turn: _Turn) -> None:
+        """Apply the reports of one Attempt in delivery order, those that queued up meanwhile together in
+        one write (a short run's Started and Finished: one write instead of two). Each report's delivery
+        is settled when the write that holds it is: a failed write fails (and so redelivers) every report
+        in it, and each is applied again, idempotently."""
+        turn.draining = True
+        batch: list[_Waiting] = []
+        try:
+            # One turn of the loop first: the reports delivered in the same fetch (a Started and the
+            # Finished right behind it) are queued by their handlers before the first write goes out.
+            await asyncio.sleep(0)
+            while turn.waiting:
+                batch, turn.waiting = turn.waiting, []
+                try:
+                    await self._apply([(report, node) for report, node, _ in batch])
+                except Exception as e:  # handed to every delivery of the write: each is redelivered
+                    for *_, done in batch:
+                        done.set_exception(e)
+                else:
+                    for *_, done in batch:
+                        done.set_result(None)
+                batch = []
+        finally:
+            for *_, done in batch + turn.waiting:  # cancelled mid-write (the service stops): nobody drains
+                if not done.done():
+                    done.cancel()
+            turn.draining = False
+            del self._turns[key]
+
+    async def _apply(self, reports: list[tuple[Report, str | None]]) -> None:
+        first = reports[0][0]
+        cached = self.view.get(first.namespace, first.attempt) if self.view is not None else None
         if cached is not None:
-            if not self._genuine(report, node, cached):
-                return
-            changed = apply(cached, report, self.window_of)
+            changed = self._recorded(cached, reports, None)
             if changed is None:
-                return  # already recorded (a redelivery, or a late report after the finish)
+                return  # already recorded (redeliveries, late reports after the finish), or not genuine
             try:
                 self._seen(await self.attempts.update(changed))
                 return
             except (Conflict, NotFound):
                 pass  # someone wrote first (or it was deleted): read it fresh below
-        verdicts: list[bool] = []
-
-        def change(a: Attempt) -> Attempt | None:
-            if not verdicts:  # judged (and counted) once, however often a lost race reads again
-                verdicts.append(self._genuine(report, node, a))
-            return apply(a, report, self.window_of) if verdicts[0] else None
-
+        verdicts: list[bool] = []  # judged (and counted) once each, however often a lost race reads again
         try:
-            self._seen(await self.attempts.mutate(report.namespace, report.attempt, change))
+            self._seen(
+                await self.attempts.mutate(
+                    first.namespace, first.attempt, lambda a: self._recorded(a, reports, verdicts)
+                )
+            )
         except NotFound:
             return  # the Job (and its Attempts) were deleted meanwhile: nothing to record
+
+    def _recorded(
+        self, a: Attempt, reports: list[tuple[Report, str | None]], verdicts: list[bool] | None
+    ) -> Attempt | None:
+        """``a`` with each genuine report applied in order; None when nothing changes."""
+        current, changed = a, False
+        for i, (report, node) in enumerate(reports):
+            if verdicts is not None and i < len(verdicts):
+                genuine = verdicts[i]
+            else:
+                genuine = self._genuine(report, node, current)
+                if verdicts is not None:
+                    verdicts.append(genuine)
+            after = apply(current, report, self.window_of) if genuine else None
+            if after is not None:
+                current, changed = after, True
+        return current if changed else None
 
     def _genuine(self, report: Report, node: str | None, a: Attempt) -> bool:
         about = f"{type(report).__name__} of {report.namespace}/{report.attempt}"
@@ -114,12 +154,18 @@ class Reports:
             self.view.apply(written)
 
 
+_Waiting = tuple[Report, str | None, "asyncio.Future[None]"]
+"""A report, the node its subject names, and what its delivery awaits."""
+
+
 class _Turn:
-    __slots__ = ("lock", "users")
+    """The reports of one Attempt waiting to be written, and whether a handler is writing them."""
+
+    __slots__ = ("draining", "waiting")
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()
-        self.users = 0
+        self.waiting: list[_Waiting] = []
+        self.draining = False
 
 
 def apply(a: Attempt, report: Report, window_of: WindowOf | None = None) -> Attempt | None:
