@@ -28,10 +28,11 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 
-from nodus_kit import measuring, replying
+from nodus_kit import listing, measuring, replying
 from nodus_kit.backingoff import Backoff
 from nodus_kit.errors import AlreadyExists, Conflict, Expired, Invalid, NotFound
 from nodus_kit.keying import COMPACTED_KEY, KV_OP, META_PREFIX, NODUS_OP, Page, is_marker, key_of
+from nodus_kit.listing import Rows
 from nodus_kit.selecting import Selector
 from nodus_kit.watching import Watch
 from nodus_schema.meta import now_rfc3339
@@ -235,6 +236,7 @@ class ObjectStore(Generic[T]):
         self._encoder = msgspec.json.Encoder()
         self._writes, self._conflicts = measuring.store_meters(bucket)
         self._creates = _Creates(self)
+        self._held = listing.Held()
 
     # -- encoding -----------------------------------------------------------------------------------
     def _encode(self, obj: T) -> bytes:
@@ -245,8 +247,10 @@ class ObjectStore(Generic[T]):
     def decode(self, data: bytes, revision: int) -> T:
         """An object as stored, with its revision as resourceVersion."""
         obj = self._decoder.decode(data)
-        meta = msgspec.structs.replace(_meta(obj), resource_version=str(revision))
-        return msgspec.structs.replace(obj, metadata=meta)
+        # Just decoded, so ours alone: stamped in place, not copied twice (every watch event, list item
+        # and get comes through here).
+        _meta(obj).resource_version = str(revision)
+        return obj
 
     # -- reads --------------------------------------------------------------------------------------
     async def get(self, namespace: str | None, name: str) -> T:
@@ -412,24 +416,36 @@ class ObjectStore(Generic[T]):
         limit: int | None = None,
         continue_token: str | None = None,
     ) -> Page[T]:
-        """Objects sorted by key; ``limit`` + ``continue`` page through them, as Kubernetes does."""
+        """Objects sorted by key; ``limit`` + ``continue`` page through them, as Kubernetes does. The rows
+        after a page are kept for its token (:mod:`nodus_kit.listing`): the walk reads the store once."""
         after = _decode_continue(continue_token) if continue_token else None
-        rv = await self.last_revision()
-        if after is not None and after[1] < rv:
-            rv = after[1]  # later pages report the first page's revision, as a consistent list would
-        items: list[tuple[str, T]] = []
+        scope = (namespace, selector)
+        held = self._held.get(scope, continue_token) if continue_token else None
+        if held is not None:
+            rows, start, rv = held.rows, held.start, held.revision
+        else:
+            rv = await self.last_revision()
+            if after is not None and after[1] < rv:
+                rv = after[1]  # later pages report the first page's revision, as a consistent list would
+            rows, start = await self._rows(namespace, selector, after[0] if after else None), 0
+        end = len(rows) if limit is None else min(len(rows), start + limit)
+        page = [self.decode(data, seq) for _, data, seq in rows[start:end]]
+        if end == len(rows):
+            if limit is not None:
+                self._held.release(rows)  # the walk is over
+            return Page(page, rv, None, None)
+        token = _encode_continue(rows[end - 1][0], rv)
+        self._held.put(scope, token, rows, end, rv)
+        return Page(page, rv, token, len(rows) - end)
+
+    async def _rows(self, namespace: str | None, selector: Selector | None, after: str | None) -> Rows:
+        """The live objects after key ``after`` that the selector matches, sorted by key, undecoded."""
+        rows: Rows = []
         async for key, msg in self._latest(namespace):
-            if after is not None and key <= after[0]:
-                continue
-            obj = self.decode(msg.data, msg.metadata.sequence.stream)
-            if selector is None or selector.matches(_meta(obj).labels or {}):
-                items.append((key, obj))
-        items.sort(key=lambda kv: kv[0])
-        if limit is not None and len(items) > limit:
-            page = items[:limit]
-            token = _encode_continue(page[-1][0], rv)
-            return Page([o for _, o in page], rv, token, len(items) - limit)
-        return Page([o for _, o in items], rv, None, None)
+            if (after is None or key > after) and listing.selected(msg.data, selector):
+                rows.append((key, msg.data, msg.metadata.sequence.stream))
+        rows.sort(key=lambda row: row[0])
+        return rows
 
     async def _latest(self, namespace: str | None) -> AsyncIterator[tuple[str, Any]]:
         """The latest live message of every key (an ordered consumer, last-per-subject)."""

@@ -4,6 +4,15 @@ nats-py's ``kv.watch`` cannot resume from a revision, so a watch is an ordered c
 stream from ``opt_start_seq = rv + 1``. If the consumer is lost (server restart, slow consumer), the
 watch re-creates it from the last sequence it delivered, so the caller sees each revision once.
 A resourceVersion the store no longer covers raises :class:`~nodus_kit.errors.Expired` (410 Gone).
+
+Delivery (issue #23): the subscription's callback only appends each message to the watch's buffer; the
+reader turns them into events, in order, without a wait per message. ``next_msg`` (what the watch used
+before) made two tasks, a timer and a uuid per message, five turns of the event loop, and that was most
+of a watch's time. A callback subscription acknowledges JetStream's flow control as messages arrive, so
+the server no longer waits for the reader: the buffer is bounded instead (:data:`MAX_BUFFERED`,
+:data:`MAX_BUFFERED_BYTES`). A reader that falls that far behind drops its consumer, reads what it has,
+and re-creates the consumer from the last sequence it delivered, as after a lost one; the rest stays on
+the server meanwhile.
 """
 
 from __future__ import annotations
@@ -11,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any, Generic, Protocol, TypeVar
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import ConnectionClosedError
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
@@ -25,11 +37,25 @@ log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
 # How long a consumer may be silent (no message, no heartbeat) before the watch re-creates it.
 HEARTBEAT_S = 1.0
+MAX_BUFFERED: Final = 8192
+"""Messages a watch holds for its reader at most; past that it drops its consumer until the reader has
+read them (memory stays bounded for a slow reader, such as a gateway watch to a slow client)."""
+MAX_BUFFERED_BYTES: Final = 32 * 1024 * 1024
+"""The same bound in bytes of values: a Sweep's status is ~140 kB, so 8,192 of them would be 1 GB."""
+YIELD_EVERY: Final = 64
+"""Events a reader gets from the buffer before the watch lets the event loop run other tasks once: a
+backlog of thousands is read without a wait each, but not in one turn of the loop."""
+_V1_ACK_TOKENS: Final = 9
+"""``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>``: the reply
+subject of a JetStream message without a domain (ADR-15 of nats-architecture-and-design)."""
 
 
 class Watched(Protocol[T]):
     """What a watch needs of its store (an :class:`~nodus_kit.storing.ObjectStore`). Said as a protocol
     so that this module does not import storing, which imports it to hand out watches."""
+
+    @property
+    def nc(self) -> NATS: ...
 
     @property
     def js(self) -> JetStreamContext: ...
@@ -46,6 +72,16 @@ class Watched(Protocol[T]):
 
 class WatchClosed(Exception):
     """The watch was stopped; iteration ends."""
+
+
+def stream_sequence(msg: Msg) -> int:
+    """The stream sequence of a JetStream message, read from its reply subject: nats-py's
+    ``msg.metadata`` builds a datetime and two dataclasses for it (about 9 µs, the largest single cost
+    of a watch event); other forms of the subject (with a domain) are left to it."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == _V1_ACK_TOKENS and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5])
+    return int(msg.metadata.sequence.stream)
 
 
 class Watch(Generic[T]):
@@ -67,19 +103,26 @@ class Watch(Generic[T]):
         else:
             self.subject = store.prefix + (f"{namespace}.>" if namespace else ">")
         self._name = name
+        self._prefix_len = len(store.prefix)
         self._sub: Any = None
-        self._initial: list[Event[T]] = []
+        self._initial: deque[Event[T]] = deque()
+        self._buffer: deque[Msg] = deque()
+        self._buffered_bytes = 0
+        self._behind = False  # the buffer filled up: the consumer is (to be) dropped until it is read
+        self._waiter: asyncio.Future[None] | None = None
+        self._unyielded = 0
         self._closed = False
+        self._consumers = 0
 
     async def start(self) -> Watch[T]:
         if self.start_rv is None:
             # No resourceVersion: the current state as ADDED events, then every change after it.
             page = await self.store.list(self.namespace)
-            self._initial = [
+            self._initial = deque(
                 Event("ADDED", o, int(o.metadata.resource_version))  # type: ignore[attr-defined]
                 for o in page.items
                 if self._name is None or o.metadata.name == self._name  # type: ignore[attr-defined]
-            ]
+            )
             self.last = page.resource_version
         else:
             await self.store.check_not_expired(self.start_rv)
@@ -87,41 +130,104 @@ class Watch(Generic[T]):
         return self
 
     async def _subscribe(self) -> None:
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        """A consumer from the last delivered sequence on, into a fresh buffer (what the old one held is
+        delivered again by the new consumer, so nothing is lost and nothing comes twice)."""
+        await self._unsubscribe()
+        self._behind = False
         self._sub = await self.store.js.subscribe(
             self.subject,
+            cb=self._receiver(),
             ordered_consumer=True,
             idle_heartbeat=HEARTBEAT_S,
             config=ConsumerConfig(
                 deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last + 1
             ),
         )
+        self._consumers += 1
+
+    @property
+    def resumes(self) -> int:
+        """Consumers made after the first: for lost ones, and for a reader that fell behind."""
+        return max(0, self._consumers - 1)
+
+    async def _unsubscribe(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def _receiver(self) -> Callable[[Msg], Awaitable[None]]:
+        """The callback of one subscription. Its buffer is its own: a message of a consumer already
+        replaced (in flight when it was dropped) lands in a buffer nobody reads, never among the new
+        consumer's. Once full it takes nothing more, so what it holds has no gap."""
+        buffer: deque[Msg] = deque()
+        self._buffer, self._buffered_bytes = buffer, 0
+
+        async def receive(msg: Msg) -> None:
+            if buffer is not self._buffer or self._behind:
+                return
+            if len(buffer) >= MAX_BUFFERED or self._buffered_bytes >= MAX_BUFFERED_BYTES:
+                self._behind = True
+                return
+            buffer.append(msg)
+            self._buffered_bytes += len(msg.data)
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+        return receive
 
     async def next(self, timeout: float | None = None) -> Event[T]:
         """The next event; raises :class:`asyncio.TimeoutError` when none comes within ``timeout``."""
         if self._initial:
-            return self._initial.pop(0)
+            return self._initial.popleft()
         loop = asyncio.get_running_loop()
         end = None if timeout is None else loop.time() + timeout
         while not self._closed:
+            if self._behind and self._sub is not None:
+                await self._unsubscribe()  # at once: what the server sends meanwhile would be dropped
+            buffer = self._buffer
+            while buffer:
+                msg = buffer.popleft()
+                self._buffered_bytes -= len(msg.data)
+                event = self._event(msg)
+                if event is not None:
+                    return await self._handed(event)
+            if self._behind:
+                await self._subscribe()  # all read: on from the last delivered
+                continue
+            if self.store.nc.is_closed:
+                raise ConnectionClosedError
             wait = 3 * HEARTBEAT_S
             if end is not None:
                 wait = min(wait, max(0.0, end - loop.time()))
-            try:
-                msg = await self._sub.next_msg(timeout=wait)
-            except (TimeoutError, NatsTimeout):
-                if end is not None and loop.time() >= end:
-                    raise TimeoutError from None
-                await self._resubscribe_if_lost()
+            if await self._wait(wait):
                 continue
-            except ConnectionClosedError:
-                raise
-            event = self._event(msg)
-            if event is not None:
-                return event
+            if end is not None and loop.time() >= end:
+                raise TimeoutError
+            if self.store.nc.is_closed:
+                raise ConnectionClosedError
+            if not self._closed:
+                await self._resubscribe_if_lost()
         raise WatchClosed(self.subject)
+
+    async def _handed(self, event: Event[T]) -> Event[T]:
+        """The event, after a turn of the loop for others every :data:`YIELD_EVERY` events."""
+        self._unyielded += 1
+        if self._unyielded >= YIELD_EVERY:
+            self._unyielded = 0
+            await asyncio.sleep(0)
+        return event
+
+    async def _wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a message (or the watch's stop); whether one may have come."""
+        self._unyielded = 0
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+        # asyncio.wait leaves the future alone when it times out or its caller is cancelled.
+        done, _ = await asyncio.wait((waiter,), timeout=seconds)
+        return bool(done)
 
     async def _resubscribe_if_lost(self) -> None:
         """A silent consumer may be gone (server restarted): re-create it from the last delivered."""
@@ -134,16 +240,18 @@ class Watch(Generic[T]):
             with contextlib.suppress(Exception):
                 await self._subscribe()
 
-    def _event(self, msg: Any) -> Event[T] | None:
-        seq = int(msg.metadata.sequence.stream)
+    def _event(self, msg: Msg) -> Event[T] | None:
+        seq = stream_sequence(msg)
         if seq <= self.last:
             return None  # a redelivery after a resume: already seen
         self.last = seq
-        key = msg.subject[len(self.store.prefix) :]
-        if key.startswith(META_PREFIX):
+        subject = msg.subject
+        if subject.startswith(META_PREFIX, self._prefix_len):
             return None
-        headers = msg.headers or {}
-        if is_marker(headers):
+        headers = msg.headers
+        if headers is None:
+            kind = "MODIFIED"
+        elif is_marker(headers):
             if not msg.data:
                 return None  # a bare marker (purge, TTL expiry): nothing to tell about
             kind = "DELETED"
@@ -162,9 +270,10 @@ class Watch(Generic[T]):
 
     async def stop(self) -> None:
         self._closed = True
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # a reader waiting ends now, with WatchClosed
+        await self._unsubscribe()
 
     async def __aenter__(self) -> Watch[T]:
         return await self.start()

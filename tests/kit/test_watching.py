@@ -1,0 +1,77 @@
+"""Watch delivery (issue #23): a buffer the subscription's callback fills and the reader empties, bounded
+for a reader that falls behind; the stream sequence read from the reply subject."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from nodus_kit import watching
+from nodus_kit.storing import ObjectStore
+from nodus_kit.watching import WatchClosed, stream_sequence
+from nodus_schema.jobs import Job, JobSpec
+from nodus_schema.meta import ObjectMeta
+
+
+def job(ns: str, name: str) -> Job:
+    return Job(metadata=ObjectMeta(name=name, namespace=ns), spec=JobSpec(image="busybox", command=["true"]))
+
+
+@pytest.fixture
+def jobs(nc: NATS) -> ObjectStore[Job]:
+    return ObjectStore(nc, "jobs", Job)
+
+
+@pytest.mark.parametrize("bound", ["MAX_BUFFERED", "MAX_BUFFERED_BYTES"])
+async def test_a_reader_behind_a_full_buffer_still_gets_every_event_once_in_order(
+    jobs: ObjectStore[Job], unique: str, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    # A buffer of one message (or byte): every burst of the consumer overflows it, so the watch drops its
+    # consumer again and again and re-creates it from the last event it handed out.
+    monkeypatch.setattr(watching, bound, 1)
+    before = await jobs.create(job(unique, "before"))  # so the watch starts after a revision, not at 0
+    start = int(before.metadata.resource_version or 0)
+    created = await asyncio.gather(*(jobs.create(job(unique, f"j{i}")) for i in range(40)))
+    await jobs.delete(unique, "j7")  # the bucket keeps one revision a key: j7's create is gone
+    async with jobs.watch(unique, resource_version=start) as w:
+        events = [await w.next(timeout=5) for _ in range(40)]
+        with pytest.raises(asyncio.TimeoutError):
+            await w.next(timeout=0.3)  # nothing twice
+        assert w.resumes >= 1
+    revisions = [e.revision for e in events]
+    assert revisions == sorted(set(revisions))
+    assert [(e.type, e.object.metadata.name) for e in events] == [
+        *(("ADDED", c.metadata.name) for c in created if c.metadata.name != "j7"),
+        ("DELETED", "j7"),
+    ]
+    assert all(e.object.metadata.resource_version == str(e.revision) for e in events)
+
+
+async def test_stop_ends_a_waiting_reader_at_once(jobs: ObjectStore[Job], unique: str) -> None:
+    w = await jobs.watch(unique, resource_version=await jobs.last_revision()).start()
+    reader = asyncio.create_task(w.next())  # no timeout: waits for a change that never comes
+    await asyncio.sleep(0)  # let it start waiting
+    await w.stop()
+    with pytest.raises(WatchClosed):
+        await asyncio.wait_for(reader, 1.0)  # not the heartbeat's 3 s
+
+
+async def test_after_stop_async_iteration_ends(jobs: ObjectStore[Job], unique: str) -> None:
+    async with jobs.watch(unique, resource_version=await jobs.last_revision()) as w:
+        await jobs.create(job(unique, "a"))
+        seen = []
+        async for event in w:
+            seen.append(event.object.metadata.name)
+            await w.stop()
+    assert seen == ["a"]
+
+
+def test_stream_sequence_from_either_form_of_reply_subject() -> None:
+    v1 = "$JS.ACK.KV_jobs.c1.1.4567.12.1733150000123456789.3"
+    v2 = "$JS.ACK.hub.ACCHASH.KV_jobs.c1.1.4567.12.1733150000123456789.3.rand"
+    for reply in (v1, v2):
+        msg = Msg(_client=None, subject="$KV.jobs.p.a", reply=reply)  # type: ignore[arg-type]
+        assert stream_sequence(msg) == 4567 == msg.metadata.sequence.stream
