@@ -16,6 +16,14 @@ logged, counted (``Books.repairs``) and announced as a Warning event on the proj
 operation that raises is refused alone (``InternalError``, logged); the others of its commit go on. And a
 commit whose state would not encode is applied again one operation at a time, refusing each operation
 that makes it so, before anything is written.
+
+What a commit costs does not grow with its size (issue #23): its operations are applied to one copy of the
+book (``holding.apply(copy=False)``), not to a copy each; a book it leaves unchanged is not written; and it
+starts from the book this replica last read or wrote (:meth:`Books.read` keeps it, per project) and
+reads the store only when the compare-and-set says another wrote since, or when it would write nothing (an
+unchanged copy proves nothing about the stored book: that commit is judged again on a read). The meter reads
+that kept book too when the books' glance shows nothing newer (``read(seen=...)``), so N Jobs of a project
+metered together cost about N / 64 reads and writes of its book, not 2N.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.errors import MaxPayloadError
 
-from nodus_billing.holding import Grant, Op, apply, op_id
+from nodus_billing.holding import Grant, Op, apply, copied, op_id
 from nodus_billing.repairing import encodable, repair
 from nodus_billing.standing import BOOK_MAX_MICROS, INTERNAL, INVALID, Repair, Result, State
 from nodus_kit import measuring
@@ -95,18 +103,42 @@ class Books:
         self._waiting: dict[str, list[_Waiting]] = {}
         self._committing: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._kept: dict[str, Book] = {}
+        """Per project, the newest book this replica read or wrote that needed no repair. Never changed in
+        place: every commit applies to a copy (and callers only read the states they are given)."""
 
-    async def read(self, project: str) -> State:
+    async def read(self, project: str, *, seen: int | None = None) -> State:
         """The project's state as stored (an empty state for a project nothing was charged to yet); a book
-        that needs repair is read repaired, and the repaired book is written back (see the module)."""
-        try:
-            book = await self.store.get(None, project)
-        except NotFound:
+        that needs repair is read repaired, and the repaired book is written back (see the module).
+
+        ``seen``: the revision of the book that billing's view of it (the books' glance) shows. When the
+        book this replica last read or wrote is at least as recent, it is returned without a read: it is
+        as fresh as the view, and a write the view has not seen yet reaches the meter when it does."""
+        kept = self._kept.get(project)
+        if seen is not None and kept is not None and _revision(kept) >= seen:
+            return kept.state
+        book = await self._get(project)
+        if book is None:
             return self._opening(project, State())
         state, repairs = repair(book.state, _now_ms())
         if repairs:
             self._spawn(self.apply(project, []), f"books:repair:{project}")  # an empty commit writes it
         return state
+
+    async def _get(self, project: str) -> Book | None:
+        """The book as stored (None: none yet), kept when it needs no repair."""
+        try:
+            book = await self.store.get(None, project)
+        except NotFound:
+            return None
+        if encodable(book.state):
+            self._keep(project, book)
+        return book
+
+    def _keep(self, project: str, book: Book) -> None:
+        kept = self._kept.get(project)
+        if kept is None or _revision(book) >= _revision(kept):
+            self._kept[project] = book
 
     def _spawn(self, work: Any, name: str) -> None:
         async def run() -> None:
@@ -151,24 +183,28 @@ class Books:
     async def _write(
         self, project: str, batches: list[Sequence[Step]]
     ) -> tuple[list[list[Result | None]], State]:
+        kept = self._kept.get(project)  # needed no repair: the compare-and-set checks it is current
         for _ in range(CAS_RETRIES):
-            try:
-                book: Book | None = await self.store.get(None, project)
-            except NotFound:
-                book = None
+            book, unread = (kept, True) if kept is not None else (await self._get(project), False)
+            kept = None  # a retry reads the store
             repairs: list[Repair] = []
             state = book.state if book else State()
-            if book is not None:
+            if book is not None and not unread:
                 state, repairs = repair(state, _now_ms())
             start = self._opening(project, state)  # apply is pure: start stays as it is
             out, state = _apply_all(project, start, batches, checked=False)
             if not encodable(state):  # never written: find the operations that did it, refuse them alone
                 out, state = _apply_all(project, start, batches, checked=True)
+            unchanged = book is not None and state == book.state
+            if unchanged and unread:
+                continue  # no write to check the kept book against the store: judged again on a read
             try:
                 if book is None:
-                    await self.store.create(Book(metadata=ObjectMeta(name=project), state=state))
-                elif state != book.state:
-                    await self.store.update(msgspec.structs.replace(book, state=state))
+                    written = await self.store.create(Book(metadata=ObjectMeta(name=project), state=state))
+                    self._keep(project, written)
+                elif not unchanged:
+                    written = await self.store.update(msgspec.structs.replace(book, state=state))
+                    self._keep(project, written)
             except (Conflict, AlreadyExists):
                 continue  # another replica wrote the book first: apply again to what it wrote
             except MaxPayloadError:
@@ -233,7 +269,15 @@ def _apply_all(
     project: str, state: State, batches: list[Sequence[Step]], *, checked: bool
 ) -> tuple[list[list[Result | None]], State]:
     """Every batch's steps applied in order. A step that raises is refused alone (logged): the state stays
-    as it was before it. ``checked``: a step after which the state would not encode is refused too."""
+    as it was before it. ``checked``: a step after which the state would not encode is refused too.
+
+    Unchecked, the steps are first applied to one copy of the state, in place (``apply(copy=False)``: the
+    same states as a copy per step); a step that raises there leaves that copy half changed, so then every
+    step is applied again from ``state``, a copy each, as below."""
+    if not checked:
+        fast = _apply_in_place(state, batches)
+        if fast is not None:
+            return fast
     out: list[list[Result | None]] = []
     for steps in batches:
         results: list[Result | None] = []
@@ -261,6 +305,28 @@ def _apply_all(
             results.append(result)
         out.append(results)
     return out, state
+
+
+def _apply_in_place(
+    state: State, batches: list[Sequence[Step]]
+) -> tuple[list[list[Result | None]], State] | None:
+    """Every step applied to one copy of ``state``; None when a step raised (see :func:`_apply_all`)."""
+    work = copied(state)
+    out: list[list[Result | None]] = []
+    try:
+        for steps in batches:
+            results: list[Result | None] = []
+            for step in steps:
+                op = step if not callable(step) else step(work)
+                results.append(None if op is None else apply(work, op, copy=False)[1])
+            out.append(results)
+    except Exception:  # judged again a copy per step, which refuses that step alone and logs it
+        return None
+    return out, work
+
+
+def _revision(book: Book) -> int:
+    return int(book.metadata.resource_version or 0)
 
 
 def _failed(key: str) -> Result:

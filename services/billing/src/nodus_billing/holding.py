@@ -210,8 +210,11 @@ state does not grow with them: a put by its generation, an extension by its fund
 by its number (each only moves forward)."""
 
 
-def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
+def apply(state: State, op: Op, *, copy: bool = True) -> tuple[State, Result, list[Entry]]:
     """Apply one operation to a copy of ``state``: the new state, the result, the entries it posted.
+    ``copy=False`` applies it to ``state`` itself and returns that, changed as the copy would be: for a
+    commit that applies many operations to one copy of the book it read (``books``), where a copy per
+    operation would cost each operation the size of the book.
 
     An operation id applied before returns its first result, the same state and no entries. A refusal
     is not remembered: asked again (after a cap was raised, credits granted) it is judged again.
@@ -224,7 +227,18 @@ def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
     op, refusal = bounded(op, key)
     if refusal is not None:
         return state, refusal, []
-    new = _clone(state)
+    new = _clone(state) if copy else state
+    result, posted = _handle(new, op, key)
+    return new, result, posted
+
+
+def copied(state: State) -> State:
+    """A deep copy of ``state``, as :func:`apply` makes before each operation."""
+    return _clone(state)
+
+
+def _handle(new: State, op: Op, key: str) -> tuple[Result, list[Entry]]:
+    """The operation applied to ``new`` (a copy the caller owns): handled, posted, remembered, settled."""
     result, entries = _HANDLERS[type(op)](new, op, key)
     posted = post(new.ledger, new.balances, entries)
     if isinstance(op, _REMEMBERED) and result.ok:
@@ -240,7 +254,7 @@ def apply(state: State, op: Op) -> tuple[State, Result, list[Entry]]:
     )
     for hold_id in resolved if result.ok else []:
         _settle(new, hold_id)
-    return new, result, posted
+    return result, posted
 
 
 def hold_amount(rate_micros_per_hour: int, window_millis: int) -> int:

@@ -21,11 +21,12 @@ The reconcile returns when to look again: the next meter tick while anything of 
 
 **What it reads** (issue #19): the Job, its Attempts (by the Job's index), its Sweep, its Pipeline and its
 funding record from the leader's informers (:mod:`viewing`), never a list of the namespace; the project's
-book as stored (``Books.read``, then the commit's compare-and-set re-reads it). What it writes it hands to
-its informer at once (write-through: ``status.cost`` from the Job ``mutate`` returned, the funding record
-from its create or update), so the next pass sees its own write before the watch brings it. The hold
-endpoint reads the Job, its Sweep and its Pipeline from the store: it serves on every replica, and a hold
-is sized on what is stored.
+book as this replica last read or wrote it, unless the books' glance shows a newer one (``Books.read``;
+the commit's compare-and-set checks it), and a look that would change nothing in it commits nothing.
+What it writes it hands to its informer at once (write-through: ``status.cost`` from the Job ``mutate``
+returned, the funding record from its create or update), so the next pass sees its own write before the
+watch brings it. The hold endpoint reads the Job, its Sweep and its Pipeline from the store: it serves on
+every replica, and a hold is sized on what is stored.
 
 **Settled** (what the controller's resync skips, :meth:`Metering.settled`): a Job the meter has nothing to
 do for until something it watches changes. Either
@@ -232,14 +233,16 @@ class Metering:
     async def _reconcile(self, views: Views, key: Key, job: Job | None, now: int) -> float | None:
         ns, name = key
         attempts = views.attempts_of(ns, name)
-        state = await self.books.read(ns)
-        refs = {r for r in state.jobs if r.rsplit("@", 1)[0] == name}
+        state = await self.books.read(ns, seen=_seen(views, ns))
+        # The Jobs of this name (any uid) that the book holds holds of: all the book's Jobs of the name
+        # count only through their holds, and a scan of the holds does not grow with the book's Jobs.
+        refs = {h.job for h in state.holds.values() if h.job.rsplit("@", 1)[0] == name}
         steps: list[Step] = []
         if job is not None:
             steps += self.puts(job, *(await self._owners(views, job)))
             refs.add(job_ref(name, job.metadata.uid))
         steps += self._settle(state, refs, attempts, now)
-        if steps:
+        if _acts(state, steps):
             state = (await self.books.apply(ns, steps)).state
         if await self._end_unfunded(views, state, attempts, now):
             self.requeue(key, 0.0)  # captured by the next pass
@@ -479,6 +482,28 @@ class Metering:
 
 
 # --- pure helpers ------------------------------------------------------------------------------------
+
+
+def _seen(views: Views, project: str) -> int | None:
+    """The revision of the project's book that the books' glance shows (None: no book seen yet)."""
+    glance = views.books.get(None, project)
+    rv = glance.metadata.resource_version if glance is not None else None
+    return int(rv) if rv else None
+
+
+def _acts(state: State, steps: list[Step]) -> bool:
+    """Whether a step would change the book as read: an operation, or a planner with something to do there
+    (one that raises is left to the commit, which refuses it alone). A look that changes nothing commits
+    nothing: no read of the book, no write (as a reconcile with no steps)."""
+    for step in steps:
+        if not callable(step):
+            return True
+        try:
+            if step(state) is not None:
+                return True
+        except Exception:
+            return True
+    return False
 
 
 def _capture(hold_id: str, usage: Usage) -> Planner:

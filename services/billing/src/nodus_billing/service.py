@@ -68,6 +68,11 @@ from nodus_schema.messages import AttemptFinished, Report
 from nodus_schema.pipelines import Pipeline
 from nodus_schema.sweeps import SWEEP_LABEL, Sweep
 
+METER_WORKERS = 64
+"""Jobs metered at once. The looks at many Jobs of one project that change its book (their first, at a
+start over many Jobs) reach the books together and share one commit: one read and one write of the book
+for up to this many (``books``), where four workers made a commit per four Jobs (issue #23)."""
+
 
 class BillingService(Service):
     name = "nodus-billing"
@@ -119,7 +124,7 @@ class BillingService(Service):
                 watches(self.views.funding, own_key),  # a block placed by the hold endpoint, anywhere
             ],
             settled=m.settled,
-            workers=4,
+            workers=METER_WORKERS,
             resync_s=config.resync_s,
         )
         self.budgeter = Controller(
