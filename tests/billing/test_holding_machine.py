@@ -38,6 +38,7 @@ from nodus_billing.standing import (
     month_of,
     pipeline_held,
     pipeline_spent,
+    refusal_for,
     room_for,
     sweep_held,
     sweep_spent,
@@ -250,9 +251,12 @@ class Billing(RuleBasedStateMachine):
         hold = self.state.holds[hold_id]
         until = hold.funded_until_ms + window_ms
         more = charge_micros(RATE, window_ms)
-        room, code = room_for(self.state, hold.job, hold.month, hold.labels)
+        room, _ = room_for(self.state, hold.job, hold.month, hold.labels)
+        code = refusal_for(self.state, hold.job, more, hold.month, hold.labels)
         result = self.do(ExtendHold(hold_id=hold_id, more_micros=more, funded_until_ms=until))
-        # An extension is judged as room_for sizes it, against every level of caps, Budgets and credits.
+        # An extension is judged as room_for sizes it, against every level of caps, Budgets and credits;
+        # refused, it names the first rule (in apply's order) its amount breaks, which past room + 1 need
+        # not be the one with the least room.
         if window_ms:
             assert result.ok == (more <= room), (more, room, result)
             assert result.ok or result.code == code

@@ -329,6 +329,25 @@ def room_for(
     ``holding.apply`` checks a hold against. For an extension, ``month`` and ``labels`` are the hold's
     (the Budgets it counts against are those of the month and labels it was placed with); by default
     the Job's labels now."""
+    rooms = _rooms(state, job_name, month, labels)
+    room = max(min(r for r, _ in rooms), 0)
+    return room, _first_broken(rooms, room + 1)
+
+
+def refusal_for(
+    state: State, job_name: str, amount_micros: int, month: str, labels: Mapping[str, str] | None = None
+) -> str | None:
+    """The limit a hold (or extension) of ``amount_micros`` is refused with, None when it fits: the first
+    rule, in ``holding.apply``'s order, that it breaks (which for amounts past the room need not be the
+    rule with the least room: a Budget checked before the credits may be broken first)."""
+    rooms = _rooms(state, job_name, month, labels)
+    return _first_broken(rooms, amount_micros) if any(r < amount_micros for r, _ in rooms) else None
+
+
+def _rooms(
+    state: State, job_name: str, month: str, labels: Mapping[str, str] | None
+) -> list[tuple[int, str]]:
+    """What each rule leaves for the Job (negative where it is spent past already), in apply()'s order."""
     job = state.jobs[job_name]
     labels = job.labels if labels is None else labels
     # The Job's cap, its Sweep's, its Pipeline's (what everything under it spent and holds).
@@ -337,9 +356,12 @@ def room_for(
         if budget.project == job.project and binds(budget) and matches(budget.selector, labels):
             rooms.append((budget.monthly_micros - budget_used(state, budget, month), BUDGET_EXCEEDED))
     rooms.append((available(state, job.project), INSUFFICIENT_CREDITS))
-    # The first of the smallest: ties go to the rule apply() checks first.
-    least = min(room for room, _ in rooms)
-    return max(least, 0), next(code for room, code in rooms if room == least)
+    return rooms
+
+
+def _first_broken(rooms: list[tuple[int, str]], amount_micros: int) -> str:
+    """The first rule an amount breaks; the last one (the credits) when it breaks none."""
+    return next((code for r, code in rooms if r < amount_micros), rooms[-1][1])
 
 
 def binds(budget: Budget) -> bool:
