@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nodus_testing.natsserver import NatsServer
@@ -110,3 +110,13 @@ def cpu_seconds(pid: int | None) -> float:
     # Fields after the ")" that ends the command name: utime and stime are the 12th and 13th.
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def stored_messages(nc: Any) -> dict[str, int]:
+    """Each bucket's and stream's last sequence: the messages it stored (and synced), compare-and-set
+    writes the stream refused not counted. Two readings apart say what a measurement cost the bus."""
+    from nodus_kit import declaring
+
+    js = nc.jetstream()
+    names = {b.name: f"KV_{b.name}" for b in declaring.BUCKETS} | {s.name: s.name for s in declaring.STREAMS}
+    return {name: int((await js.stream_info(stream)).state.last_seq) for name, stream in names.items()}

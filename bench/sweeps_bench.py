@@ -48,7 +48,7 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bench.running import Result, bus_auth, cpu_seconds, credential, spawn
+from bench.running import Result, bus_auth, cpu_seconds, credential, spawn, stored_messages
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.leasing import Lease
@@ -158,7 +158,7 @@ async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run
     sweeps = ObjectStore(nc, "sweeps", Sweep)
     tap = Tap(prefix=f"$KV.jobs.{NS}.{name}-")
     sub = await nc.subscribe("$KV.>", cb=tap.on_msg, pending_msgs_limit=1_000_000)
-    seq0 = await _stored(nc)
+    seq0 = await stored_messages(nc)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own0 = time.process_time()
     try:
@@ -183,7 +183,7 @@ async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run
         await sub.unsubscribe()
     cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     cpu["bench (observer)"] = time.process_time() - own0
-    seq1 = await _stored(nc)
+    seq1 = await stored_messages(nc)
     job = await ObjectStore(nc, "jobs", Job).get(NS, f"{name}-0")
     return Run(
         seconds=end - start,
@@ -211,14 +211,6 @@ async def _ready(nc: NATS, logs: Path) -> None:
                 f"the fleet, the scheduler or the sweep controller did not start:\n{_tails(logs)}"
             )
         await asyncio.sleep(0.2)  # polling against a deadline, not synchronisation
-
-
-async def _stored(nc: NATS) -> dict[str, int]:
-    """Each bucket's and stream's last sequence: the writes it took, refused compare-and-sets not counted
-    (the streams too: assignments, reports and events are written, and synced, like the objects)."""
-    js = nc.jetstream()
-    names = {b.name: f"KV_{b.name}" for b in declaring.BUCKETS} | {s.name: s.name for s in declaring.STREAMS}
-    return {name: int((await js.stream_info(stream)).state.last_seq) for name, stream in names.items()}
 
 
 def _tails(logs: Path) -> str:
@@ -399,6 +391,13 @@ def _report(runs: list[Run], sequential: float, concurrent: float, r3: list[Run]
         ),
         Result(writes, f"raw kv.put of a cell Job ({m.job_bytes:,} B), sequential", kv_rate, sequential),
         Result(writes, f"raw kv.put of a cell Job, {IN_FLIGHT} in flight", kv_rate, concurrent),
+        Result(
+            f"every message the bus stored and synced (objects, assignments, reports, events: "
+            f"{sum(m.stored.values()) / CELLS:.1f} per cell)/s",
+            f"raw kv.put of a cell Job, {IN_FLIGHT} in flight",
+            sum(m.stored.values()) / m.seconds,
+            concurrent,
+        ),
         *_cpu_rows(m),
     ]
 

@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
+FETCH_WAIT_S = 5.0
+"""How long one pull request of an idle :class:`Consumer` waits on the server for a message. A message that
+arrives meanwhile is delivered at once (the request is answered as soon as it has one), so this only sets
+how often an idle consumer asks again: each ask is two requests (nats-py probes with ``no_wait`` first),
+and at 1 s the stack's idle consumers were a steady share of nats-server's idle CPU (issue #23). It also
+bounds how long a pull request lost with a restarted server goes unnoticed."""
 MSG_ID = "Nats-Msg-Id"
 # A failed request's reply, in the headers NATS micro services answer errors with (nats.micro.request):
 # the error's reason (NotFound, Conflict, ...) and the HTTP status the API gives that reason.
@@ -122,6 +128,8 @@ class Consumer(Generic[T]):
         self.max_deliver, self.batch, self.ack_wait_s = max_deliver, batch, ack_wait_s
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._waiting = False
+        """The loop waits for a pull request's answer, holding no message: stopping cancels it at once."""
 
     async def start(self) -> Consumer[T]:
         config = ConsumerConfig(
@@ -141,7 +149,8 @@ class Consumer(Generic[T]):
     async def _run(self) -> None:
         while not self._stopping.is_set():
             try:
-                msgs = await self.sub.fetch(self.batch, timeout=1.0)
+                self._waiting = True
+                msgs = await self.sub.fetch(self.batch, timeout=FETCH_WAIT_S)
             except (TimeoutError, NatsTimeout):
                 continue
             except NotFoundError:
@@ -151,6 +160,8 @@ class Consumer(Generic[T]):
                 log.warning("fetch failed: %s", e, extra={"consumer": self.durable})
                 await asyncio.sleep(0.5)
                 continue
+            finally:
+                self._waiting = False
             if self.concurrent:
                 await asyncio.gather(*(self._handle(msg) for msg in msgs))
             else:
@@ -195,6 +206,8 @@ class Consumer(Generic[T]):
         """Finish the batch in hand, for at most ``grace_s``; then the loop is cancelled (what it had not
         acked is redelivered: every handler is idempotent)."""
         self._stopping.set()
+        if self._task and self._waiting:
+            self._task.cancel()  # nothing in hand: no reason to wait out the pull request
         if self._task:
             _, late = await asyncio.wait({self._task}, timeout=grace_s)
             if late:
