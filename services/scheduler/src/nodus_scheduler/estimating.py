@@ -41,9 +41,11 @@ from nats.aio.client import Client as NATS
 from nodus_kit import errors, messaging
 from nodus_kit.storing import ObjectStore
 from nodus_scheduler.capacity import UNREACHABLE_GRACE, unreachable
+from nodus_scheduler.capacityfix import capacity_fix
 from nodus_scheduler.cataloging import catalog_for
 from nodus_scheduler.deadlining import with_deadline_warnings
-from nodus_scheduler.placing import REASONS, Placement, demand_of, place, price_book_candidates, request_of
+from nodus_scheduler.estimateview import Capacity, CapacityView, InformedHistory, candidates
+from nodus_scheduler.placing import REASONS, Placement, demand_of, place, request_of
 from nodus_scheduler.recalling import (
     DEFAULT,
     HISTORY,
@@ -55,9 +57,10 @@ from nodus_scheduler.recalling import (
     history_key,
     run_band,
 )
+from nodus_scheduler.viewing import World
 from nodus_scheduler.warmplanning import kept_warm, plan_warm, warm_note
 from nodus_schema.attempts import ATTEMPT_TERMINAL, Attempt
-from nodus_schema.catalog import GPUS_PER_NODE, Catalog, Offering
+from nodus_schema.catalog import Catalog, Offering
 from nodus_schema.costs import BlockingReason, DurationBand, Estimate, EstimateWarning, PlacementPreview
 from nodus_schema.errors import StatusCause
 from nodus_schema.estimating import (
@@ -77,7 +80,6 @@ from nodus_schema.expanding import cell_job, expand
 from nodus_schema.fielding import FieldError
 from nodus_schema.gpus import format_gpu, format_topology, has_string_form
 from nodus_schema.jobs import Job, JobSpec, JobStatus
-from nodus_schema.jobs import Placement as PlacementSpec
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.naming import KnownNames, known_names, unknown_job_names, unknown_sweep_names
 from nodus_schema.nodes import Node
@@ -133,22 +135,31 @@ class Choice:
     """Set when matching capacity exists in the price book but no node is free now: place()'s reasons."""
 
 
-def choose(spec: JobSpec, catalog: Catalog, nodes: list[Node], busy: set[str], now: datetime) -> Choice:
+def choose(
+    spec: JobSpec,
+    catalog: Catalog,
+    nodes: list[Node],
+    busy: set[str],
+    now: datetime,
+    capacity: Capacity | None = None,
+) -> Choice:
     """The free node :func:`place` picks (at ``catalog``'s price book version), else the best capacity of
     the price book in the same order (the create queues for it), else no capacity, with the price book's
-    reasons."""
-    fits, refused = price_book_candidates(spec, catalog)
+    reasons. ``capacity``: the same nodes and busy set, indexed once for many estimates (the endpoint's)."""
+    fits, refused = candidates(spec, catalog)
     total, version = len(catalog.offerings), catalog.pricebook_version
     if not fits:
         return Choice(None, f"0/{total} offerings in price book {version}: {refusals(refused)}")
-    placed = place(spec, nodes, busy, catalog, now)
+    placed = (
+        capacity.place(spec, catalog, now) if capacity is not None else place(spec, nodes, busy, catalog, now)
+    )
     if isinstance(placed, Placement):
         return Choice(placed.offering, placed.explain, placed.rate_micros_per_hour, placed.interruptible)
     best, d = fits[0], demand_of(spec)
     matching = len({c.offering.id for c in fits})
-    capacity = "interruptible" if best.interruptible else "on-demand"
+    form = "interruptible" if best.interruptible else "on-demand"
     explain = (
-        f"{best.offering.id} ({best.offering.region_class}, {capacity}) at "
+        f"{best.offering.id} ({best.offering.region_class}, {form}) at "
         f"{micros_to_usd(best.rate_micros_per_hour)} USD/h: profile {d.profile}, interruptible "
         f"{d.interruptible}; {matching}/{total} offerings in price book {version} fit; "
         f"no node is free now ({placed.message})"
@@ -198,9 +209,11 @@ def estimate_slot(
     warm: dict[str, str] | None = None,
     cells: int = 1,
     max_parallel: int | None = None,
+    capacity: Capacity | None = None,
 ) -> SlotEstimate:
     """One slot: its choice of capacity, its bands, and the plan billing prices. ``warm``: the nodes kept
-    warm now, with their project (warmplanning.kept_warm); ``cells`` and ``max_parallel``: a Sweep's."""
+    warm now, with their project (warmplanning.kept_warm); ``cells`` and ``max_parallel``: a Sweep's;
+    ``capacity``: ``nodes``, ``busy`` and ``warm`` indexed once for many estimates (the endpoint's)."""
     key = history_key(namespace, spec)
     band = run_band(spec, key, history)
     gang, _ = gang_of(spec)
@@ -209,13 +222,16 @@ def estimate_slot(
     runs = completions * cells
     limit = min(max_parallel, runs) if max_parallel else min(spec.parallelism or 1, completions)
     kept = warm or {}
-    wp = plan_warm(spec, catalog, nodes, kept, namespace, now, runs=runs, limit=limit, gang=gang)
+    open_index = capacity.open_to(namespace, now) if capacity is not None else None
+    wp = plan_warm(
+        spec, catalog, nodes, kept, namespace, now, runs=runs, limit=limit, gang=gang, open_index=open_index
+    )
     if wp.reuse_now is not None:
         p = wp.reuse_now
         explain = p.explain + "; warm: kept for this project"
         choice = Choice(p.offering, explain, p.rate_micros_per_hour, p.interruptible)
     else:
-        choice = choose(spec, catalog, nodes, busy | set(kept), now)
+        choice = choose(spec, catalog, nodes, busy | set(kept), now, capacity)
     startup = startup_of(choice.offering)
     plan = SlotPlan(
         label=label,
@@ -253,6 +269,7 @@ def _cell_slots(
     namespace: str = "",
     history: RunHistory | None = None,
     warm: dict[str, str] | None = None,
+    capacity: Capacity | None = None,
 ) -> list[SlotEstimate]:
     """One slot per distinct gpu × region of the matrix; params and repetitions only multiply cells."""
     whole = Sweep(metadata=ObjectMeta(namespace=namespace), spec=sweep)
@@ -278,6 +295,7 @@ def _cell_slots(
             warm=warm,
             cells=len(indexes),
             max_parallel=sweep.max_parallel or DEFAULT_MAX_PARALLEL,
+            capacity=capacity,
         )
         plan = msgspec.structs.replace(slot.plan, cells=len(indexes), first_cell=first.index)
         out.append(SlotEstimate(plan, slot.choice, slot.band, spec, slot.key, history))
@@ -287,65 +305,6 @@ def _cell_slots(
 # ---------------------------------------------------------------------------------------------------------
 # Blocking reasons and their fix
 # ---------------------------------------------------------------------------------------------------------
-
-_GENERAL_FIX: Final = (
-    "Widen placement: another GPU type or family in resources.gpu (or the Sweep's matrix.gpu), "
-    "more placement.regions or placement.offerings, a higher placement.maxRateUSDPerHour, or "
-    "placement.interruptible: Allow."
-)
-
-
-def _with_placement(spec: JobSpec, **change: Any) -> JobSpec:
-    placement = msgspec.structs.replace(spec.placement or PlacementSpec(), **change)
-    return msgspec.structs.replace(spec, placement=placement)
-
-
-def capacity_fix(spec: JobSpec, catalog: Catalog, kind: str) -> str:
-    """What would let the price book serve ``spec``: each placement constraint that, lifted alone, lets
-    something match, with the value that works; else the general advice."""
-    field = "spec.template.spec." if kind == "Sweep" else "spec."
-    p = spec.placement or PlacementSpec()
-    hints: list[str] = []
-    if p.max_rate_usd_per_hour:
-        fits, _ = price_book_candidates(_with_placement(spec, max_rate_usd_per_hour=None), catalog)
-        if fits:
-            cheapest = min(c.rate_micros_per_hour for c in fits)
-            hints.append(
-                f"raise {field}placement.maxRateUSDPerHour to at least {micros_to_usd(cheapest)} "
-                "(the cheapest matching capacity)"
-            )
-    if (p.interruptible or "Never") == "Never":
-        fits, _ = price_book_candidates(_with_placement(spec, interruptible="Allow"), catalog)
-        if fits:
-            hints.append(f"set {field}placement.interruptible: Allow (interruptible capacity matches)")
-    if p.regions:
-        fits, _ = price_book_candidates(_with_placement(spec, regions=[]), catalog)
-        if fits:
-            regions = ", ".join(sorted({c.offering.region_class for c in fits}))
-            where = "spec.matrix.regions or " if kind == "Sweep" else ""
-            hints.append(f"choose a region class in {where}{field}placement.regions that has it: {regions}")
-    if p.offerings:
-        fits, _ = price_book_candidates(_with_placement(spec, offerings=[]), catalog)
-        if fits:
-            ids = ", ".join(sorted({c.offering.id for c in fits})[:3])
-            hints.append(f"allow a matching offering in {field}placement.offerings, e.g. {ids}")
-    request = request_of(spec)
-    if request is not None and spec.resources is not None:
-        counts = []
-        for count in GPUS_PER_NODE:
-            if count == (request.count or 1):
-                continue
-            other = msgspec.structs.replace(request, count=count)
-            resources = msgspec.structs.replace(spec.resources, gpu=other)
-            if price_book_candidates(msgspec.structs.replace(spec, resources=resources), catalog)[0]:
-                counts.append(str(count))
-        if counts:
-            where = "spec.matrix.gpu or " if kind == "Sweep" else ""
-            hints.append(f"ask for {' or '.join(counts)} GPUs per node in {where}{field}resources.gpu.count")
-    if not hints:
-        return _GENERAL_FIX
-    text = "; or ".join(hints)
-    return text[0].upper() + text[1:] + "."
 
 
 def _blocking(slot: SlotEstimate, kind: str, catalog: Catalog) -> BlockingReason:
@@ -599,10 +558,12 @@ def estimate(
     *,
     history: RunHistory | None = None,
     warm: dict[str, str] | None = None,
+    capacity: Capacity | None = None,
 ) -> EstimateReply:
     """The whole scheduler estimate for a request, pure given the nodes, the busy set, the nodes kept warm
     (``warm``: node -> project) and the history; or, for a spec that names what the catalog does not know,
-    only those names (``invalid``)."""
+    only those names (``invalid``). ``capacity``: the same three indexed once (:class:`Capacity`), which
+    answers the same as the lists, faster."""
     invalid = unknown_names(request, catalog, nodes)
     if invalid:
         return EstimateReply(invalid=invalid)
@@ -610,12 +571,29 @@ def estimate(
     ns = request.namespace
     if request.kind == "Job" and request.job_spec is not None:
         slot = estimate_slot(
-            request.job_spec, book, nodes, busy, now, label="job", namespace=ns, history=history, warm=warm
+            request.job_spec,
+            book,
+            nodes,
+            busy,
+            now,
+            label="job",
+            namespace=ns,
+            history=history,
+            warm=warm,
+            capacity=capacity,
         )
         reply = assemble("Job", [slot], book, now)
     elif request.kind == "Sweep" and request.sweep_spec is not None:
         slots = _cell_slots(
-            request.sweep_spec, book, nodes, busy, now, namespace=ns, history=history, warm=warm
+            request.sweep_spec,
+            book,
+            nodes,
+            busy,
+            now,
+            namespace=ns,
+            history=history,
+            warm=warm,
+            capacity=capacity,
         )
         reply = assemble("Sweep", slots, book, now)
     else:
@@ -629,7 +607,18 @@ def estimate(
 
 
 class Estimator:
-    """The endpoint: reads the live nodes and busy set and the run history, then answers :func:`estimate`."""
+    """The endpoint: reads the live nodes, the busy set, the nodes kept warm and the run history, then
+    answers :func:`estimate`.
+
+    In the scheduler (``world`` given) all of it comes from the process's informers
+    (:class:`~nodus_scheduler.viewing.World`): an estimate is then pure CPU, with no request to the bus and
+    nothing that grows with the Attempts ever run (the warm nodes are read from the ``warm-on`` and
+    ``warm-from`` indexes, the busy set from ``active-on``). What it reads is indexed once
+    (:class:`~nodus_scheduler.estimateview.Capacity`) and kept for the estimates that follow until a Node or
+    an Attempt changes, or for :data:`~nodus_scheduler.estimateview.CAPACITY_MAX_AGE_S` at most: a burst of
+    creates pays for one index. Before the informers' first lists are in, and without a ``world`` (tests and
+    tools), it lists the ``nodes`` and ``attempts`` buckets per request, as the first version did.
+    """
 
     def __init__(
         self,
@@ -638,26 +627,41 @@ class Estimator:
         history: RunHistory | None = None,
         *,
         gone_after: timedelta = UNREACHABLE_GRACE,
+        world: World | None = None,
     ) -> None:
         self.catalog = catalog
         self.gone_after = gone_after
         """Nodes NotReady for longer are left out, as placement leaves them out (capacity.py)."""
         self.nodes = ObjectStore(nc, "nodes", Node)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
-        self.history = history if history is not None else RunHistory(ObjectStore(nc, "jobs", Job))
+        self.view = CapacityView(world, gone_after) if world is not None else None
+        if history is None:
+            history = (
+                InformedHistory(world.jobs) if world is not None else RunHistory(ObjectStore(nc, "jobs", Job))
+            )
+        self.history = history
 
     async def handle(self, request: EstimateRequest) -> EstimateReply:
         self.history.maybe_refresh()
         await self.history.ready(HISTORY_FIRST_WAIT_S)
         now = datetime.now(UTC)
+        capacity = self.view.now(now) if self.view is not None else None
+        if capacity is not None:
+            nodes, busy, warm = capacity.nodes, capacity.busy, capacity.warm
+        else:
+            nodes, busy, warm = await self._listed(now)
+        try:
+            return estimate(
+                request, self.catalog, nodes, busy, now, history=self.history, warm=warm, capacity=capacity
+            )
+        except (ValueError, OverflowError) as e:  # a spec the gateway should have refused: say so
+            raise errors.Invalid(str(e) or type(e).__name__) from None
+
+    async def _listed(self, now: datetime) -> tuple[list[Node], set[str], dict[str, str]]:
         nodes = [n for n in (await self.nodes.list()).items if not unreachable(n, now, self.gone_after)]
         attempts = (await self.attempts.list()).items
         busy = {a.spec.node for a in attempts if a.status.phase not in ATTEMPT_TERMINAL}
-        try:
-            warm = kept_warm(attempts, now)
-            return estimate(request, self.catalog, nodes, busy, now, history=self.history, warm=warm)
-        except (ValueError, OverflowError) as e:  # a spec the gateway should have refused: say so
-            raise errors.Invalid(str(e) or type(e).__name__) from None
+        return nodes, busy, kept_warm(attempts, now)
 
 
 async def serve_estimates(
@@ -667,10 +671,12 @@ async def serve_estimates(
     subject: str = ESTIMATE_SUBJECT,
     history: RunHistory | None = None,
     gone_after: timedelta = UNREACHABLE_GRACE,
+    world: World | None = None,
 ) -> Any:
     """Serve ``nodus.rpc.scheduler.estimate`` in queue group ``scheduler``; returns the subscription. The
     run history (of the jobs bucket, unless ``history`` is given) starts loading at once. Nodes NotReady
-    for longer than ``gone_after`` are no capacity (the scheduler's NODUS_NODE_UNREACHABLE_GRACE_S)."""
-    estimator = Estimator(nc, catalog, history, gone_after=gone_after)
+    for longer than ``gone_after`` are no capacity (the scheduler's NODUS_NODE_UNREACHABLE_GRACE_S).
+    ``world``: the scheduler's informers, which the estimates then read instead of the buckets."""
+    estimator = Estimator(nc, catalog, history, gone_after=gone_after, world=world)
     estimator.history.maybe_refresh()
     return await messaging.serve(nc, subject, EstimateRequest, estimator.handle, queue=QUEUE)

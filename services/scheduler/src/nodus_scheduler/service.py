@@ -6,8 +6,8 @@ billing's funding records. Controllers (the leader only), one concern each, as K
 * ``scheduler``, the Job lifecycle (:mod:`nodus_scheduler.lifecycle`): for Jobs; owns Attempts (their Job
   by the ``nodus.dev/job`` label); watches funding records (billing's block or its clearing). It feeds
   the binder, which places runs (:mod:`nodus_scheduler.binding`).
-* ``scheduler-nodes``, the node monitor (:mod:`nodus_scheduler.monitoring`): for Nodes; NotReady on
-  missed heartbeats, and the Jobs of their runs queued to be marked Lost.
+* the node monitor (:mod:`nodus_scheduler.monitoring`): NotReady on missed heartbeats, and the Jobs of
+  their runs queued to be marked Lost; one timer at the next heartbeat deadline.
 * ``scheduler-ttl``, TTL after finished (:mod:`nodus_scheduler.expiring`): for Jobs.
 * the retirer (:mod:`nodus_scheduler.retiring`): deletes Nodes gone for longer than the delete period.
 
@@ -72,10 +72,8 @@ class SchedulerService(Service):
             settled=life.settled,
             resync_s=config.resync_s,
         )
+        # The node monitor: one timer at the next heartbeat deadline, not a controller pass per beat.
         self.monitor = NodeMonitor(world, world.nodes.store, lost=lambda key: self._requeue(key, 0.0))
-        self.nodes_controller = Controller(
-            "scheduler-nodes", self.monitor.reconcile, for_=world.nodes, workers=1, resync_s=config.resync_s
-        )
         self.expirer = Expirer(self.bus, world, life.jobs, life.attempts)
         self.ttl = Controller(
             "scheduler-ttl",
@@ -99,7 +97,9 @@ class SchedulerService(Service):
         )
         await self.reports.start()
         # nodus.rpc.scheduler.estimate (ADR-031)
-        self.estimates = await serve_estimates(self.bus, catalog, gone_after=times.unreachable_grace)
+        self.estimates = await serve_estimates(
+            self.bus, catalog, gone_after=times.unreachable_grace, world=world
+        )
         lease = Lease(self.bus, "scheduler", self.settings.replica, ttl_s=config.lease_ttl_s)
         self._leader = asyncio.create_task(run_as_leader(lease, self._lead, stop=self.stopping))
         log.info(
@@ -116,13 +116,13 @@ class SchedulerService(Service):
         await self.lifecycle.start()
         retiring = [asyncio.create_task(self.retirer.run(), name="scheduler:retiring")]
         try:
-            await asyncio.gather(self.controller.run(), self.nodes_controller.run(), self.ttl.run())
+            await asyncio.gather(self.controller.run(), self.monitor.run(), self.ttl.run())
         finally:
             await cancel_and_wait(retiring)
             await self.lifecycle.stop_leading()
 
     async def stop(self) -> None:
-        for controller in (self.controller, self.nodes_controller, self.ttl):
+        for controller in (self.controller, self.ttl):
             await controller.stop()
         await self.reports.stop()
         with contextlib.suppress(asyncio.CancelledError):

@@ -74,15 +74,19 @@ def plan_warm(
     runs: int,
     limit: int,
     gang: int = 1,
+    open_index: CapacityIndex | None = None,
 ) -> WarmPlan:
-    """The warm expectation of one slot (see the module docstring)."""
+    """The warm expectation of one slot (see the module docstring). ``open_index``: the nodes not kept warm
+    for another project, already indexed (the estimate endpoint's, built once for many estimates)."""
     window = scaledown_window(spec)
     if gang > 1 or runs <= 0:
         return WarmPlan()
     own_nodes = [n for n in nodes if warm.get(n.metadata.name or "") == namespace]
     own = [p for n in own_nodes if isinstance(p := place(spec, [n], set(), catalog, now), Placement)]
-    open_to_us = [n for n in nodes if warm.get(n.metadata.name or "") in (None, namespace)]
-    fitting = fitting_ready(CapacityIndex.of(open_to_us, now=now), demand_of(spec), catalog)
+    if open_index is None:
+        open_to_us = [n for n in nodes if warm.get(n.metadata.name or "") in (None, namespace)]
+        open_index = CapacityIndex.of(open_to_us, now=now)
+    fitting = fitting_ready(open_index, demand_of(spec), catalog)
     concurrency = max(1, min(limit, fitting) if fitting else limit)
     reuse_now = min(own, key=lambda p: p.node.metadata.name or "") if own else None
     if window > timedelta(0):
