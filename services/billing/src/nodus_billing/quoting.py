@@ -20,6 +20,7 @@ sizes them, and a stage that cannot start under it is blocked with MaxCostReache
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,11 +29,15 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as NATS
 
+from nodus_billing.books import BUCKET as BOOKS_BUCKET
 from nodus_billing.books import Books
+from nodus_billing.repairing import encodable
 from nodus_billing.standing import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
     MAX_COST_REACHED,
+    Budget,
+    Hold,
     State,
     available,
     binds,
@@ -42,6 +47,7 @@ from nodus_billing.standing import (
     pipeline_spent,
 )
 from nodus_kit import errors, messaging
+from nodus_kit.storing import ObjectStore
 from nodus_schema.costs import BlockingReason, Estimate, EstimateWarning
 from nodus_schema.estimating import (
     DEFAULT_MAX_PARALLEL,
@@ -57,11 +63,15 @@ from nodus_schema.estimating import (
     price,
 )
 from nodus_schema.holds import HOLD_WINDOW_MS
+from nodus_schema.meta import ObjectMeta
 from nodus_schema.quantities import micros_to_usd, usd_to_micros
+from nodus_schema.wire import Wire
 
 log = logging.getLogger(__name__)
 
 QUEUE = "billing"
+CONCURRENCY = 64
+"""Quotes handled at once (``messaging.serve``): a burst's quotes wait for one shared read together."""
 
 BALANCE_NOT_CHECKED = EstimateWarning(
     code="BalanceNotChecked",
@@ -305,11 +315,93 @@ def _dollars(micros: int) -> str:
     return f"${micros_to_usd(micros)}"
 
 
+class _Glance(Wire):
+    """What a quote reads of a project's book (:func:`quote`, without a Pipeline): its balances, Budgets
+    and holds. Not its ledger, the result of every operation applied, nor the Jobs and Sweeps it records:
+    the bulk of a book, and what grows with every Job metered, which a full read decodes (and copies
+    through msgpack to check) on every quote."""
+
+    budgets: dict[str, Budget] = msgspec.field(default_factory=dict)
+    holds: dict[str, Hold] = msgspec.field(default_factory=dict)
+    balances: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+class _GlanceBook(Wire):
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    state: _Glance = msgspec.field(default_factory=_Glance)
+
+
+class QuoteReads:
+    """Reads of projects' books for quotes: only what a quote reads, and shared by the quotes that wait
+    together.
+
+    A burst of creates (50 clients) brings a burst of quotes for one project. One read per project runs at
+    a time; the quotes that arrive while it runs wait for the next one, which starts when it ends and
+    answers all of them. Each quote is so answered from a read that started after it arrived (it sees
+    every write acknowledged before it asked, as a read of its own would), and a burst of n quotes costs
+    two reads, not n.
+
+    A read decodes the balances, Budgets and holds only (:class:`_Glance`). A project without a book yet
+    (its starting credits), a quote for a Pipeline's stage (it reads the Jobs and Pipelines too) and a
+    glance whose amounts need repair (``repairing``) read the whole book through :meth:`Books.read`, as
+    before, which repairs it and writes it back."""
+
+    def __init__(self, books: Books) -> None:
+        self.books = books
+        self.glances = ObjectStore(books.nc, BOOKS_BUCKET, _GlanceBook)
+        self._next: dict[str, asyncio.Future[State]] = {}
+        """Per project, the read the quotes arriving now will share (not started yet)."""
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.reads = 0
+        """Book reads done (tests/billing/test_quote_reads.py reads it)."""
+
+    async def read(self, project: str, *, whole: bool = False) -> State:
+        """What a quote reads of ``project``'s book; ``whole``: all of it (a Pipeline's stage)."""
+        if whole:
+            return await self.books.read(project)
+        waiting = self._next.get(project)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        mine: asyncio.Future[State] = asyncio.get_running_loop().create_future()
+        self._next[project] = mine
+        lock = self._locks.setdefault(project, asyncio.Lock())
+        try:
+            async with lock:  # the read in flight, if any, ends first
+                if self._next.get(project) is mine:
+                    del self._next[project]  # from here, new arrivals wait for the read after this one
+                self.reads += 1
+                state = await self._glance(project)
+        except BaseException as e:
+            if self._next.get(project) is mine:
+                del self._next[project]
+            if not mine.done():
+                mine.set_exception(e if isinstance(e, Exception) else errors.Unavailable("billing stopped"))
+                mine.exception()  # retrieved: nobody else may be waiting for it
+            raise
+        finally:
+            if not lock.locked() and project not in self._next:
+                self._locks.pop(project, None)
+        mine.set_result(state)
+        return state
+
+    async def _glance(self, project: str) -> State:
+        try:
+            book = await self.glances.get(None, project)
+        except errors.NotFound:
+            return await self.books.read(project)  # no book yet: the starting credits it opens with
+        g = book.state
+        state = State(budgets=g.budgets, holds=g.holds, balances=g.balances)
+        return state if encodable(state) else await self.books.read(project)
+
+
 def _handler(books: Books | None, window_ms: int) -> Callable[[QuoteRequest], Awaitable[EstimateReply]]:
+    reads = QuoteReads(books) if books is not None else None
+
     async def handle(request: QuoteRequest) -> EstimateReply:
         project = request.request.namespace
         try:
-            state = await books.read(project) if books is not None else None
+            whole = request.pipeline is not None
+            state = await reads.read(project, whole=whole) if reads is not None else None
         except errors.NodusError:
             raise
         except Exception:  # a sentence for the estimate, never a Python error's text (logged here)
@@ -328,5 +420,8 @@ def _handler(books: Books | None, window_ms: int) -> Callable[[QuoteRequest], Aw
 async def serve_quotes(
     nc: NATS, *, subject: str = QUOTE_SUBJECT, books: Books | None = None, window_ms: int = HOLD_WINDOW_MS
 ) -> Any:
-    """Serve ``nodus.rpc.billing.quote`` in queue group ``billing``; returns the subscription."""
-    return await messaging.serve(nc, subject, QuoteRequest, _handler(books, window_ms), queue=QUEUE)
+    """Serve ``nodus.rpc.billing.quote`` in queue group ``billing``; returns the subscription. Up to
+    :data:`CONCURRENCY` quotes are handled at once, so those of a burst share their book's read
+    (:class:`QuoteReads`) instead of waiting for one read each, one after another."""
+    handler = _handler(books, window_ms)
+    return await messaging.serve(nc, subject, QuoteRequest, handler, queue=QUEUE, concurrency=CONCURRENCY)
