@@ -435,7 +435,7 @@ class Checkpointer:
                 )
             await uploading.abort_open_uploads(self.client, self.bucket, self.prefix)
             targets = self._targets(info, into)
-            chunks = uploading.download(
+            chunks = uploading.download_pieces(
                 self.client, self.bucket, info.key, chunk_size=self.part_size, in_flight=self.in_flight
             )
             try:

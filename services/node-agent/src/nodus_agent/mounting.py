@@ -228,7 +228,7 @@ async def _acquire(ctx: MountContext, namespace: str, volume: str, rev: GrantedR
     uri = f"s3://{ctx.bucket}/{key}"
 
     async def fetch(into: Path) -> None:
-        chunks = uploading.download(ctx.s3, ctx.bucket, key)
+        chunks = uploading.download_pieces(ctx.s3, ctx.bucket, key)
         async with contextlib.aclosing(chunks):
             await unpacking.unpack_tree(
                 chunks, into, sha256=hexdigest, size=rev.size_bytes or None, max_bytes=ctx.cache.budget_bytes

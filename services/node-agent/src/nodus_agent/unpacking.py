@@ -37,8 +37,13 @@ from nodus_agent.archiving import (
     within,
 )
 from nodus_agent.chunkstreams import END, QUEUE_DEPTH, Closed, End, Pipe
+from nodus_agent.tarstreams import Inflated
 
 _RESTORE = ".nodus-restore"  # the staging directory beside a target: .<target>.nodus-restore
+
+Chunk = bytes | list[bytes]
+"""Compressed bytes as they come: a chunk, or one in the pieces it arrived in
+(:func:`nodus_agent.uploading.download_pieces`), read piece by piece without joining them."""
 
 
 @dataclass
@@ -55,7 +60,7 @@ class _Route:
 
 
 async def unpack(
-    chunks: AsyncIterable[bytes],
+    chunks: AsyncIterable[Chunk],
     targets: Mapping[str, Path],
     *,
     sha256: str | None = None,
@@ -75,7 +80,7 @@ async def unpack(
 
 
 async def unpack_tree(
-    chunks: AsyncIterable[bytes],
+    chunks: AsyncIterable[Chunk],
     target: Path,
     *,
     sha256: str | None = None,
@@ -92,13 +97,13 @@ async def unpack_tree(
 
 
 async def _unpack(
-    chunks: AsyncIterable[bytes],
+    chunks: AsyncIterable[Chunk],
     routes: list[_Route],
     sha256: str | None,
     size: int | None,
     max_bytes: int | None,
 ) -> StreamStats:
-    pipe: Pipe[bytes | End] = Pipe(QUEUE_DEPTH)
+    pipe: Pipe[Chunk | End] = Pipe(QUEUE_DEPTH)
     stats = StreamStats()
     worker = asyncio.ensure_future(asyncio.to_thread(_extract, pipe, routes, stats, max_bytes))
     try:
@@ -114,7 +119,7 @@ async def _unpack(
     return stats
 
 
-async def _feed(chunks: AsyncIterable[bytes], pipe: Pipe[bytes | End], worker: asyncio.Future[None]) -> None:
+async def _feed(chunks: AsyncIterable[Chunk], pipe: Pipe[Chunk | End], worker: asyncio.Future[None]) -> None:
     """Hand the chunks to the worker; stop early if it failed (its error is the one worth raising)."""
     async for chunk in chunks:
         put = asyncio.ensure_future(pipe.put(chunk))
@@ -155,33 +160,44 @@ class _QueueReader:
 
     The sha256 runs in a thread of its own, in order, beside decompression and extraction: hashlib and
     zstd both release the GIL on large buffers, so on a node with two cores or more the digest costs no
-    wall time (measured: a cold Volume mount went from 52% to ...% of a raw download, bench/volume_bench)."""
+    wall time (a cold Volume mount went from 52% to 56-59% of a raw download: docs/benchmarks.md, "volume").
+    Chunks may come in pieces (:data:`Chunk`): they are read one after another, never joined."""
 
-    def __init__(self, pipe: Pipe[bytes | End], stats: StreamStats) -> None:
+    def __init__(self, pipe: Pipe[Chunk | End], stats: StreamStats) -> None:
         self.pipe, self.stats = pipe, stats
         self.digest = hashlib.sha256()
+        self.pieces: deque[bytes] = deque()
         self.buf = memoryview(b"")
         self.eof = False
         self._hashing = ThreadPoolExecutor(1, thread_name_prefix="nodus-sha256")
         self._hashed: deque[Future[None]] = deque()
 
-    def read(self, n: int = -1) -> bytes:
-        while not self.buf and not self.eof:
+    def read(self, n: int = -1) -> memoryview:
+        """Up to ``n`` bytes of the current piece, as a view: zstd reads any buffer, so none is copied."""
+        while not self.buf and (self.pieces or not self.eof):
+            if self.pieces:
+                self.buf = memoryview(self.pieces.popleft())
+                continue
             item = self.pipe.get_from_thread()
             if isinstance(item, End):
                 self.eof = True
             else:
-                self._hash(item)
-                self.stats.size += len(item)
-                self.buf = memoryview(item)
+                pieces = [item] if isinstance(item, bytes) else item
+                self._hash(pieces)
+                self.stats.size += sum(map(len, pieces))
+                self.pieces.extend(pieces)
         n = len(self.buf) if n < 0 else n
         out, self.buf = self.buf[:n], self.buf[n:]
-        return bytes(out)
+        return out
 
-    def _hash(self, item: bytes) -> None:
-        self._hashed.append(self._hashing.submit(self.digest.update, item))
+    def _hash(self, pieces: list[bytes]) -> None:
+        self._hashed.append(self._hashing.submit(self._update, pieces))
         while len(self._hashed) > HASH_AHEAD:
             self._hashed.popleft().result()
+
+    def _update(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self.digest.update(piece)
 
     def drain(self) -> None:
         while self.read(COPY_SIZE):
@@ -195,7 +211,7 @@ class _QueueReader:
 
 
 def _extract(
-    pipe: Pipe[bytes | End], routes: list[_Route], stats: StreamStats, max_bytes: int | None
+    pipe: Pipe[Chunk | End], routes: list[_Route], stats: StreamStats, max_bytes: int | None
 ) -> None:
     """The worker thread: decompress, check and stage every member; links last, then check them."""
     for r in routes:
@@ -207,11 +223,13 @@ def _extract(
         dctx = zstandard.ZstdDecompressor()
         source = cast(IO[bytes], raw)
         with dctx.stream_reader(source, read_size=COPY_SIZE, closefd=False, read_across_frames=True) as z:
-            with tarfile.open(fileobj=cast(IO[bytes], z), mode="r|", bufsize=COPY_SIZE) as tar:
+            inflated = Inflated(z)
+            # Plain "r" mode over a file that only moves forward: tarfile parses the headers, and each
+            # member's bytes go from zstd's output straight to its file (tarstreams).
+            with tarfile.TarFile(fileobj=cast(IO[bytes], inflated), mode="r") as tar:
                 for member in tar:
-                    extractor.add(tar, member)
-            while z.read(COPY_SIZE):  # the zstd frame's end and its checksum come after the tar's end
-                pass
+                    extractor.add(tar, inflated, member)
+            inflated.drain()  # the zstd frame's end and its checksum come after the tar's end
         raw.drain()  # anything after the frame still counts towards the digest
     except Closed:
         return
@@ -232,7 +250,7 @@ class _Extractor:
         self.dirs: list[tuple[Path, tarfile.TarInfo]] = []
         self.chown = hasattr(os, "geteuid") and os.geteuid() == 0
 
-    def add(self, tar: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+    def add(self, tar: tarfile.TarFile, data: Inflated, m: tarfile.TarInfo) -> None:
         found = self._place(m.name)
         if found is None:
             return  # a path the caller did not ask for
@@ -243,7 +261,7 @@ class _Extractor:
             self._mkdir(dest, route)
             self.dirs.append((dest, m))
         elif m.isreg():
-            self._write(tar, m, dest, route)
+            self._write(tar, data, m, dest, route)
         elif m.issym():
             self.links.append((dest, m.linkname, route, m))
         else:
@@ -278,19 +296,27 @@ class _Extractor:
                 raise UnsafeArchive(f"{path} would be written through the link {p}")
         path.mkdir(parents=True, exist_ok=True)
 
-    def _write(self, tar: tarfile.TarFile, m: tarfile.TarInfo, dest: Path, route: _Route) -> None:
+    def _write(
+        self, tar: tarfile.TarFile, data: Inflated, m: tarfile.TarInfo, dest: Path, route: _Route
+    ) -> None:
         if self.max_bytes is not None and self.stats.raw_bytes + m.size > self.max_bytes:
             raise ArchiveError(f"{m.name}: the archive holds more than the cap of {self.max_bytes} bytes")
         self._mkdir(dest.parent, route)
-        src = tar.extractfile(m)
-        assert src is not None
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         try:
             fd = os.open(dest, flags, 0o600)
         except IsADirectoryError:
             raise UnsafeArchive(f"{m.name} is both a directory and a file in the archive") from None
-        with os.fdopen(fd, "wb") as out:
-            shutil.copyfileobj(src, out, COPY_SIZE)
+        try:
+            if m.sparse is None and data.tell() == m.offset_data:
+                data.write_to(fd, m.size)
+            else:  # a GNU sparse member (never one of ours): tarfile lays out its holes
+                src = tar.extractfile(m)
+                assert src is not None
+                with os.fdopen(fd, "wb", closefd=False) as out:
+                    shutil.copyfileobj(src, out, COPY_SIZE)
+        finally:
+            os.close(fd)
         self._attrs(dest, m)
         self.stats.files += 1
         self.stats.raw_bytes += m.size

@@ -330,6 +330,83 @@ async def _range(client: Any, bucket: str, key: str, etag: str, start: int, end:
     return data
 
 
+async def download_pieces(
+    client: Any,
+    bucket: str,
+    key: str,
+    *,
+    chunk_size: int = PART_SIZE,
+    in_flight: int = IN_FLIGHT,
+) -> AsyncGenerator[list[bytes], None]:
+    """The object's bytes in order as :func:`download` fetches them (the same ranges in flight, each with
+    If-Match), handed over as lists of the pieces they arrived in, as soon as they arrive: joined, the
+    lists are the object. A reader that takes bytes piece by piece (:func:`nodus_agent.unpacking.unpack`)
+    starts on the first range while it is still on the wire, and the event loop never copies a range into
+    a fresh buffer (measured: 0.15 CPU-s of a 135 MB download, 0.08 without it; docs/benchmarks.md)."""
+    head = await client.head_object(Bucket=bucket, Key=key)
+    size, etag = int(head["ContentLength"]), str(head["ETag"])
+    ranges = deque((start, min(start + chunk_size, size)) for start in range(0, size, chunk_size))
+    pending: deque[_Fetch] = deque()
+
+    def refill() -> None:
+        while ranges and len(pending) < max(1, in_flight):
+            start, end = ranges.popleft()
+            pending.append(_Fetch(client, bucket, key, etag, start, end))
+
+    try:
+        refill()
+        while pending:
+            pieces = await pending[0].arrived()
+            if pending[0].over:
+                pending.popleft()
+                refill()
+            if pieces:
+                yield pieces
+    finally:
+        for fetch in pending:
+            fetch.task.cancel()
+        await asyncio.gather(*(f.task for f in pending), return_exceptions=True)
+
+
+class _Fetch:
+    """One range on the wire, its pieces kept as they arrive until the reader takes them."""
+
+    def __init__(self, client: Any, bucket: str, key: str, etag: str, start: int, end: int) -> None:
+        self.pieces: list[bytes] = []
+        self._more = asyncio.Event()
+        self.task = asyncio.ensure_future(self._get(client, bucket, key, etag, start, end))
+
+    async def _get(self, client: Any, bucket: str, key: str, etag: str, start: int, end: int) -> None:
+        r = await client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=etag)
+        got = 0
+        async with r["Body"] as body:
+            # read(n) hands over what has arrived (up to n) as it is; read() would join it all in one copy.
+            while piece := await body.read(end - start):
+                self.pieces.append(piece)
+                got += len(piece)
+                self._more.set()
+        if got != end - start:
+            raise UploadError(f"s3://{bucket}/{key}: range {start}-{end} gave {got} bytes")
+
+    @property
+    def over(self) -> bool:
+        """Everything of the range was taken."""
+        return self.task.done() and not self.pieces
+
+    async def arrived(self) -> list[bytes]:
+        """The pieces that arrived since the last call, waiting for at least one unless the range is over
+        (then an empty list); raises the range's error."""
+        while not self.pieces and not self.task.done():
+            self._more.clear()
+            more = asyncio.ensure_future(self._more.wait())
+            await asyncio.wait({more, self.task}, return_when=asyncio.FIRST_COMPLETED)
+            more.cancel()
+        if self.task.done():
+            self.task.result()
+        pieces, self.pieces = self.pieces, []
+        return pieces
+
+
 async def put_bytes(
     client: Any, bucket: str, key: str, data: bytes, content_type: str = "application/json"
 ) -> None:
