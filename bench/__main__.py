@@ -13,11 +13,14 @@ from bench import (
     billing_bench,
     checkpoint_bench,
     gateway_bench,
+    growth_bench,
+    idle_bench,
     placing_bench,
     scheduler_bench,
     simulator_bench,
     store_bench,
     sweeps_bench,
+    usercreate_bench,
     volume_bench,
 )
 from bench.running import AUTH_ENV, Result, render
@@ -25,6 +28,7 @@ from bench.running import AUTH_ENV, Result, render
 BENCHMARKS = {
     "store": store_bench.run,
     "gateway": gateway_bench.run,
+    "usercreate": usercreate_bench.run,
     "placing": placing_bench.run,
     "scheduler": scheduler_bench.run,
     "checkpoint": checkpoint_bench.run,
@@ -32,6 +36,8 @@ BENCHMARKS = {
     "sweeps": sweeps_bench.run,
     "simulator": simulator_bench.run,
     "volume": volume_bench.run,
+    "growth": growth_bench.run,
+    "idle": idle_bench.run,
 }
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 MARK = "<!-- results:{name} -->"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,11 @@ NATS_URL_ENV: Final = "BENCH_NATS_URL"
 NATS_SEED_ENV: Final = "BENCH_NATS_SEED"
 """The seed file of the gateway's own credential: the bus refuses anonymous clients (ADR-0026)."""
 BODY_FILE_ENV: Final = "BENCH_BARE_BODY_FILE"
+BARE_PATH_ENV: Final = "BENCH_BARE_PATH"
+"""The bare route's path (default: the Sweeps collection); bench/usercreate_bench.py posts Jobs."""
+TLS_CERT_ENV: Final = "BENCH_TLS_CERT"
+TLS_KEY_ENV: Final = "BENCH_TLS_KEY"
+"""With both set, a server of this module serves HTTPS with that certificate (bench/usercreate_bench.py)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -76,13 +82,15 @@ def _uvicorn_config(app: FastAPI, port: int) -> uvicorn.Config:
         log_level="warning",
         server_header=False,
         backlog=2048,
+        ssl_certfile=os.environ.get(TLS_CERT_ENV),
+        ssl_keyfile=os.environ.get(TLS_KEY_ENV),
     )
 
 
-def _bare_app(answer: bytes) -> FastAPI:
+def _bare_app(answer: bytes, path: str = COLLECTION) -> FastAPI:
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
 
-    @app.post(COLLECTION, status_code=201)
+    @app.post(path, status_code=201)
     async def create(namespace: str, request: Request) -> Response:
         # Read and parse the body as any create must; the answer is the gateway's, encoded once.
         msgspec.json.decode(await request.body())
@@ -101,7 +109,8 @@ async def _serve(which: str, port: int) -> None:
         nc = await connect(os.environ[NATS_URL_ENV], "bench-gateway", nkey_seed=os.environ.get(NATS_SEED_ENV))
         app = build_app(stores_for(nc), admin_token=TOKEN, ready=lambda: nc.is_connected)
     elif which == "bare":
-        app = _bare_app(Path(os.environ[BODY_FILE_ENV]).read_bytes())  # noqa: ASYNC240 (before serving)
+        answer = Path(os.environ[BODY_FILE_ENV]).read_bytes()  # noqa: ASYNC240 (before serving)
+        app = _bare_app(answer, os.environ.get(BARE_PATH_ENV, COLLECTION))
     else:
         raise SystemExit(f"serve: no server {which!r} (gateway or bare)")
     tune_gc()  # as every service does once started (servicing.tune_gc), for both servers alike
@@ -155,8 +164,9 @@ class _Connection:
         self.reader, self.writer, self.head = reader, writer, head
 
     @classmethod
-    async def open(cls, port: int, path: str) -> _Connection:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    async def open(cls, port: int, path: str, tls: ssl.SSLContext | None = None) -> _Connection:
+        """``tls``: over HTTPS with that context (bench/usercreate_bench.py), one handshake per connection."""
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=tls)
         head = (
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
             "Content-Type: application/json\r\nContent-Length: "
