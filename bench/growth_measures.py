@@ -158,7 +158,7 @@ def _cancelled(job: Job) -> Job:
 
 async def lag(jobs: ObjectStore[Job], namespace: str, name: str) -> tuple[float, float]:
     """Seconds from cancelling a Suspended Job until the scheduler wrote phase Cancelled, and until
-    billing wrote its final cost."""
+    billing wrote its final cost; :data:`WAIT_S` (a lower bound) for a write not seen by then."""
     current = await jobs.get(namespace, name)
     rv = int(current.metadata.resource_version or 0)
     scheduler = billing = 0.0
@@ -167,7 +167,10 @@ async def lag(jobs: ObjectStore[Job], namespace: str, name: str) -> tuple[float,
         await jobs.mutate(namespace, name, _cancelled)
         end = time.monotonic() + WAIT_S
         while not (scheduler and billing):
-            event = await w.next(timeout=max(0.01, end - time.monotonic()))
+            try:
+                event = await w.next(timeout=max(0.01, end - time.monotonic()))
+            except TimeoutError:
+                return scheduler or WAIT_S, billing or WAIT_S
             status: Any = event.object.status
             if not scheduler and status.phase == "Cancelled":
                 scheduler = time.perf_counter() - t0

@@ -17,8 +17,8 @@ Measured, from the scheduler's own Attempts (a watch on the attempts bucket):
   bus must store that many times 1,000 messages a second.
 
 Baselines, in the same run: the issue's floor (1,000 placements/s over the whole loop, issue #23;
-kube-scheduler does 680-810 pods/s at 5,000 nodes), and a raw ``ObjectStore.create`` of 10,000 Attempts with 64 in flight (the one write a
-placement cannot avoid).
+kube-scheduler does 680-810 pods/s at 5,000 nodes), a raw ``ObjectStore.create`` of 10,000 Attempts
+with 64 in flight (the one write a placement cannot avoid), and raw ``kv.put`` with 64 in flight.
 """
 
 from __future__ import annotations
