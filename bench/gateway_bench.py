@@ -26,6 +26,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -191,8 +192,11 @@ class _Connection:
         await self.writer.wait_closed()
 
 
-async def _drive(connections: list[_Connection], bodies: list[bytes]) -> list[float]:
-    """Send every body, one request in flight per connection; each request's latency in ms, in no order."""
+async def drive(
+    connections: list[_Connection], bodies: list[bytes], seen: Callable[[bytes], None] | None = None
+) -> list[float]:
+    """Send every body, one request in flight per connection; each request's latency in ms, in no order.
+    ``seen`` is handed each 201's body (the usercreate bench counts answers without an estimate)."""
     latencies: list[float] = []
     queue = iter(bodies)  # shared: each client takes the next body when its last request is answered
 
@@ -203,6 +207,8 @@ async def _drive(connections: list[_Connection], bodies: list[bytes]) -> list[fl
             latencies.append((time.perf_counter() - start) * 1000)
             if status != 201:
                 raise RuntimeError(f"POST: {status} {answer[:500]!r}")
+            if seen is not None:
+                seen(answer)
 
     await asyncio.gather(*(client_loop(c) for c in connections))
     return latencies
@@ -218,10 +224,10 @@ async def _measure(
     connections = [await _Connection.open(port, path) for _ in range(CLIENTS)]
     try:
         # Warm-up uses every connection and lets both servers reach their steady state.
-        await _drive(connections, warm)
+        await drive(connections, warm)
         server_cpu, bus_cpu, client_cpu = cpu_seconds(pid), cpu_seconds(bus_pid), time.process_time()
         start = time.perf_counter()
-        latencies = await _drive(connections, bodies)
+        latencies = await drive(connections, bodies)
         elapsed = time.perf_counter() - start
         server_cpu = cpu_seconds(pid) - server_cpu
         bus_cpu = cpu_seconds(bus_pid) - bus_cpu

@@ -52,6 +52,7 @@ from bench.gateway_bench import (
     WARMUP,
     _Connection,
     _Server,
+    drive,
 )
 from bench.running import Result, bus_auth, cpu_seconds, credential, spawn
 from nodus_kit import declaring
@@ -116,22 +117,13 @@ class Run:
 async def _drive(connections: list[_Connection], bodies: list[bytes]) -> tuple[list[float], int]:
     """Every body sent, one request in flight per connection; each request's latency in ms, and how many
     answers carried no estimate (the bare route's all do: it answers the gateway's bytes)."""
-    latencies: list[float] = []
-    queue = iter(bodies)
     unestimated = 0
 
-    async def client_loop(conn: _Connection) -> None:
+    def seen(answer: bytes) -> None:
         nonlocal unestimated
-        for body in queue:
-            start = time.perf_counter()
-            status, answer = await conn.post(body)
-            latencies.append((time.perf_counter() - start) * 1000)
-            if status != 201:
-                raise RuntimeError(f"POST: {status} {answer[:500]!r}")
-            unestimated += ESTIMATED not in answer
+        unestimated += ESTIMATED not in answer
 
-    await asyncio.gather(*(client_loop(c) for c in connections))
-    return latencies, unestimated
+    return await drive(connections, bodies, seen), unestimated
 
 
 async def _measure(

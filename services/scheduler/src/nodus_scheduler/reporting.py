@@ -94,10 +94,12 @@ class Reports:
                     await self._apply([(report, node) for report, node, _ in batch])
                 except Exception as e:  # handed to every delivery of the write: each is redelivered
                     for *_, done in batch:
-                        done.set_exception(e)
+                        if not done.done():  # a waiter cancelled (its consumer stopping) took its own
+                            done.set_exception(e)
                 else:
                     for *_, done in batch:
-                        done.set_result(None)
+                        if not done.done():
+                            done.set_result(None)
                 batch = []
         finally:
             for *_, done in batch + turn.waiting:  # cancelled mid-write (the service stops): nobody drains
