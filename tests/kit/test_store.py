@@ -81,6 +81,23 @@ async def test_many_concurrent_mutators_lose_no_increment(jobs: ObjectStore[Job]
     assert (await jobs.get(unique, "counter")).spec.backoff_limit == 20
 
 
+async def test_mutate_over_a_held_copy_loses_no_write_when_the_copy_is_stale(
+    jobs: ObjectStore[Job], unique: str
+) -> None:
+    """``seen`` (an informer's copy) is tried first by compare-and-set: stale, it conflicts and the change
+    is made again over a fresh read, so what was written since is kept."""
+    created = await jobs.create(msgspec.structs.replace(job(unique, "held"), spec=JobSpec(backoff_limit=0)))
+
+    def bump(j: Job) -> Job:
+        return msgspec.structs.replace(j, spec=JobSpec(backoff_limit=(j.spec.backoff_limit or 0) + 1))
+
+    fresh = await jobs.mutate(unique, "held", bump, seen=created)  # current: one write over the copy
+    assert fresh.spec.backoff_limit == 1
+    stale = await jobs.mutate(unique, "held", bump, seen=created)  # stale: read again, nothing lost
+    assert stale.spec.backoff_limit == 2
+    assert (await jobs.get(unique, "held")).spec.backoff_limit == 2
+
+
 async def test_delete_then_recreate_gets_a_new_uid(jobs: ObjectStore[Job], unique: str) -> None:
     first = await jobs.create(job(unique, "a"))
     deleted = await jobs.delete(unique, "a")

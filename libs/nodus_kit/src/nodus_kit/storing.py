@@ -349,17 +349,25 @@ class ObjectStore(Generic[T]):
             raise
         return self._with_rv(obj, seq)
 
-    async def mutate(self, namespace: str | None, name: str, change: Callable[[T], T | None]) -> T:
-        """Read-modify-write with retries on conflict; ``change`` returning None means no write."""
+    async def mutate(
+        self, namespace: str | None, name: str, change: Callable[[T], T | None], *, seen: T | None = None
+    ) -> T:
+        """Read-modify-write with retries on conflict; ``change`` returning None means no write.
+
+        ``seen``: a copy already held (an informer's) to try first, by compare-and-set on its revision: an
+        object nobody wrote since costs one write and no read, and a conflict reads it fresh as before. A
+        change that ``seen`` makes a no-op is not checked against the store."""
+        current = seen if seen is not None and _meta(seen).resource_version else None
         while True:
-            current = await self.get(namespace, name)
+            if current is None:
+                current = await self.get(namespace, name)
             wanted = change(current)
             if wanted is None or wanted == current:
                 return current
             try:
                 return await self.update(wanted)
             except Conflict:
-                continue
+                current = None
 
     async def delete(self, namespace: str | None, name: str, *, resource_version: str | None = None) -> T:
         """Delete, leaving a marker that carries the last state (for DELETED watch events)."""

@@ -1,18 +1,16 @@
 """The Job lifecycle, level-triggered: read the Job and its Attempts, decide, write the status.
 
-The decisions are pure functions of the Job and its Attempts (:mod:`nodus_scheduler.ruling`: what the
-Attempts say, the phase, deadlines, limits, the status), and a run's StartAttempt is built from the Job by
-:mod:`nodus_scheduler.assigning`; this module reads, asks them, and writes.
-
-Each reconcile reads the Job and its Attempts from the scheduler's informers
-(:mod:`nodus_scheduler.viewing`), then, in this order:
+The decisions are pure functions of the Job and its Attempts (:mod:`nodus_scheduler.ruling`), a run's
+StartAttempt is built by :mod:`nodus_scheduler.assigning`; this module reads, asks them, and writes. Each
+reconcile reads the Job and its Attempts from the informers (:mod:`nodus_scheduler.viewing`), then:
 
 1. stops what must not run (a deleted Job's runs, leftovers of an earlier Job of the same name, a finished
    Job's, a cancelled, suspended or timed-out Job's; a Checkpointed Job suspends with a checkpoint);
 2. marks Lost the runs of nodes that stopped heartbeating (infrastructure, never the user's failure; the
    node monitor, :mod:`nodus_scheduler.monitoring`, queues their Jobs when it finds a node silent);
-3. publishes again the assignment of a run still Pending after :data:`REASSIGN_AFTER_S` (a crash between
-   creating an Attempt and publishing its assignment only delays the start);
+3. publishes again the assignment of a run still Pending, every :data:`REASSIGN_AFTER_S` (a crash between
+   creating an Attempt and publishing its assignment only delays the start), resting a large Job between
+   passes (:mod:`nodus_scheduler.pacing`);
 4. tells the binder (:mod:`nodus_scheduler.binding`) which indexes want a run now, in its line;
 5. writes the status: counters, phase and reason, conditions, and an event on every transition.
 
@@ -180,9 +178,8 @@ class Lifecycle:
         world.attempts.add_handler(self._on_attempt)
         world.nodes.add_handler(self._on_node)
         self._tasks: list[asyncio.Task[None]] = []
-        # When this process last sent each Pending run's StartAttempt (monotonic): a stuck run is sent again
-        # REASSIGN_AFTER_S after the last send, not on every pass of its Job (under load that storm made the
-        # load worse). Entries leave when the run is no longer Pending; a restart sends stuck runs at once.
+        # When this process last sent each Pending run's StartAttempt: a stuck run is sent again every
+        # REASSIGN_AFTER_S, not on every pass of its Job (a restart sends stuck runs at once).
         self._sent: dict[tuple[str, str], float] = {}
         self.pacing = Pacing()
 
@@ -699,7 +696,7 @@ class Lifecycle:
             # The informer's copy already says it: no read, no write. (Were the store newer, its event
             # would bring the Job back here to be judged against that revision.)
             return
-        with contextlib.suppress(NotFound):
-            self.world.jobs.apply(
-                await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
-            )
+        ns, name = job.metadata.namespace, job.metadata.name or ""
+        with contextlib.suppress(NotFound):  # over the informer's copy as stored (not the ranged ``job``)
+            seen = self.world.jobs.get(ns or "", name)
+            self.world.jobs.apply(await self.jobs.mutate(ns, name, change, seen=seen))
