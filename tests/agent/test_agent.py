@@ -41,10 +41,12 @@ from nodus_schema.messages import (
     AttemptFinished,
     AttemptProgress,
     AttemptStarted,
+    NodeBeat,
     Report,
     StartAttempt,
     StopAttempt,
     StopReason,
+    beat_subject,
 )
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.nodes import Node
@@ -145,6 +147,7 @@ async def start_agent(nats_url: str, seed: Path, nc: NATS, node: str, workdir: P
             "NODUS_AGENT_WORKDIR": str(workdir),
             "NODUS_AGENT_FAKE_GPUS": "true",  # the same inventory on a GPU host as on a laptop
             "NODUS_AGENT_HEARTBEAT_S": "0.2",
+            "NODUS_AGENT_RECORD_S": "1",  # the record refreshed every 1 s, beats on the bus between
             "NODUS_AGENT_STOP_GRACE_S": "3",
             **env,
         },
@@ -217,6 +220,17 @@ async def test_node_registers_with_fake_gpus_heartbeats_and_goes_not_ready(
 
         # Heartbeat times are whole seconds (metav1.Time): at most ~1 s until the next one differs.
         await eventually(advanced, deadline_s=5, message="the heartbeat never advanced")
+        # Between refreshes the agent beats on the bus (core NATS, ADR-0042): its own subject, its clock.
+        beats: asyncio.Queue[Msg] = asyncio.Queue()
+        sub = await nc.subscribe(beat_subject(unique), cb=beats.put)
+        try:
+            first_beat = msgspec.json.decode((await asyncio.wait_for(beats.get(), 5)).data, type=NodeBeat)
+            second_beat = msgspec.json.decode((await asyncio.wait_for(beats.get(), 5)).data, type=NodeBeat)
+        finally:
+            await sub.unsubscribe()
+        assert first_beat.phase == second_beat.phase == "Ready"
+        assert 0 < second_beat.time_ms - first_beat.time_ms < 5_000
+        assert abs(second_beat.time_ms / 1000 - time.time()) < 5
     finally:
         await running.stop()
         await nc.jetstream().delete_consumer(ASSIGNMENTS, f"agent-{unique}")

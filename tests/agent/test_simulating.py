@@ -52,10 +52,12 @@ from nodus_schema.messages import (
     AttemptFinished,
     AttemptProgress,
     AttemptStarted,
+    NodeBeat,
     Report,
     StartAttempt,
     StopAttempt,
     StopReason,
+    beat_subject,
 )
 from nodus_schema.meta import ObjectMeta, parse_time
 from nodus_schema.nodes import Node
@@ -106,6 +108,8 @@ async def fleets(nc: NATS, fleet: str, workdir: Path) -> AsyncIterator[MakeFleet
 
     async def make(**knobs: Any) -> SimulatedFleet:
         defaults: dict[str, Any] = {"nodes": 2, "heartbeat_s": 0.5, "progress_s": 0.0, "workdir": workdir}
+        # The records refreshed at each beat unless a test says otherwise (the beats between: ADR-0042).
+        defaults["record_s"] = knobs.get("heartbeat_s", defaults["heartbeat_s"])
         simulated = await SimulatedFleet(nc, FleetSettings(fleet=fleet, **{**defaults, **knobs})).start()
         made.append(simulated)
         return simulated
@@ -251,6 +255,41 @@ async def test_200_nodes_register_ready_and_heartbeat(nc: NATS, unique: str, mak
         )
 
     await eventually(all_beat_again, deadline_s=8, interval_s=0.25, message="not every node heartbeat")
+    assert fleet.stats["heartbeat_failures"] == 0
+
+
+async def test_between_record_refreshes_each_node_beats_on_the_bus(
+    nc: NATS, unique: str, make_fleet: MakeFleet
+) -> None:
+    # ADR-0042: a beat is a core message on nodus.beat.<node>; the record is written every record_s.
+    fleet = await make_fleet(nodes=10, heartbeat_s=0.2, record_s=600)
+    store = ObjectStore(nc, "nodes", Node)
+    revisions = {name: (await store.get(None, name)).metadata.resource_version for name in fleet.nodes}
+    heard: dict[str, list[int]] = {name: [] for name in fleet.nodes}
+
+    async def on_beat(msg: Msg) -> None:
+        name = msg.subject.removeprefix("nodus.beat.")
+        if name in heard:
+            heard[name].append(msgspec.json.decode(msg.data, type=NodeBeat).time_ms)
+
+    sub = await nc.subscribe(beat_subject("*"), cb=on_beat)
+    try:
+        await eventually(
+            lambda: all(len(times) >= 5 for times in heard.values()),
+            deadline_s=10,
+            message="not every node beat five times on the bus",
+        )
+    finally:
+        await sub.unsubscribe()
+    assert all(times == sorted(times) for times in heard.values())
+    # Five beats each and at most one record write each (its first refresh falls somewhere in 600 s):
+    # a beat that wrote the record would have made five.
+    changed = [
+        name
+        for name in fleet.nodes
+        if (await store.get(None, name)).metadata.resource_version != revisions[name]
+    ]
+    assert len(changed) <= 2
     assert fleet.stats["heartbeat_failures"] == 0
 
 

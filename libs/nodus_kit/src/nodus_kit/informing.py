@@ -90,8 +90,12 @@ class Informer(Generic[T]):
         namespace: str | None = None,
         indexers: dict[str, Indexer] | None = None,
         name: str = "",
+        transform: Callable[[T], T] | None = None,
     ) -> None:
         self.store = store
+        self.transform = transform
+        """Applied to every object as the view takes it (client-go's SetTransform): the scheduler lays the
+        heartbeats it heard over the Nodes' records. It must keep the object's key and revision."""
         self.namespace = namespace
         self.name = name or store.bucket
         self.synced = asyncio.Event()
@@ -163,9 +167,26 @@ class Informer(Generic[T]):
             self._gone[key] = rv
             self._notify(Event("DELETED", obj, rv))
         else:
+            if self.transform is not None:
+                obj = self.transform(obj)
             self._put(key, obj)
             self._gone.pop(key, None)
             self._notify(Event("ADDED" if old is None else "MODIFIED", obj, rv))
+        return True
+
+    def retransform(self, namespace: str | None, name: str) -> bool:
+        """Run :attr:`transform` again over the object held at (namespace, name), as when what it lays
+        over the record changed (a heartbeat heard); handlers hear MODIFIED at the same revision when the
+        result is another object. Whether they did."""
+        key = (namespace or "", name)
+        old = self._objects.get(key)
+        if old is None or self.transform is None:
+            return False
+        new = self.transform(old)
+        if new is old:
+            return False
+        self._put(key, new)
+        self._notify(Event("MODIFIED", new, revision_of(new)))
         return True
 
     def _put(self, key: Key, obj: T) -> None:

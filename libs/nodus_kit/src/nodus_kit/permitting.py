@@ -43,6 +43,7 @@ from nodus_kit import credentials, declaring
 from nodus_kit.connecting import connect
 from nodus_schema.billing import ACCOUNT_SUBJECT, FUNDING_BUCKET, GRANT_SUBJECT, HOLD_SUBJECT, USAGE_SUBJECT
 from nodus_schema.estimating import ESTIMATE_SUBJECT, QUOTE_SUBJECT
+from nodus_schema.messages import beat_subject
 from nodus_schema.noding import commit_subject, retention_subject, secrets_subject
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class Access:
     lease, its own Node; a key may be a pattern (``_.*``: every cluster-scoped key, none of ``_meta``)."""
     publishes: tuple[str, ...] = ()
     """Stream subjects it publishes to (each inside a declared stream)."""
+    signals: tuple[str, ...] = ()
+    """Core subjects it publishes to that no stream keeps (a node's liveness beats, ADR-0042)."""
     durables: tuple[Durable, ...] = ()
     reads: tuple[str, ...] = ()
     """Streams (not buckets) it reads with ordered consumers and last-message gets."""
@@ -101,7 +104,8 @@ class Access:
     serves: tuple[str, ...] = ()
     """Request/reply subjects it answers (replies through ``allow_responses``)."""
     taps: tuple[str, ...] = ()
-    """Core subjects it subscribes to as a bystander (the operator's ``nodus tail``)."""
+    """Core subjects it subscribes to: as a bystander (the operator's ``nodus tail``), or to hear what
+    no stream keeps (the scheduler's liveness beats)."""
     declares: bool = False
     """Creates and updates every declared stream and bucket (the bootstrap)."""
 
@@ -167,6 +171,7 @@ SCHEDULER = Access(
     durables=(Durable(REPORTS, "scheduler", "nodus.report.>"),),
     requests=(HOLD_SUBJECT,),
     serves=(ESTIMATE_SUBJECT,),
+    taps=(beat_subject("*"),),  # every node's liveness beats (nodus_scheduler.beating)
 )
 BILLING = Access(
     "books, holds, funding, Budget status, status.cost of Jobs; quotes, holds and accounts (serves)",
@@ -181,6 +186,7 @@ FLEET = Access(
     "SIMULATION ONLY: a simulated fleet acts as every node agent (any node's Node, assignments, reports)",
     keys=(("nodes", "_.*"),),
     publishes=("nodus.report.>", "nodus.logs.>"),
+    signals=(beat_subject("*"),),
     consumers=(ASSIGNMENTS,),
 )
 ADMIN = Access(
@@ -204,6 +210,7 @@ def _agent(node: str) -> Access:
         # Attempts bound to this node (nodus_schema.noding); reports and logs name this node.
         keys=(("nodes", f"_.{node}"), ("leases", RETENTION_LEASE)),
         publishes=(f"nodus.report.{node}.>", f"nodus.logs.{node}.>"),
+        signals=(beat_subject(node),),  # its own node's liveness only
         durables=(Durable(ASSIGNMENTS, durable, f"nodus.assign.{node}"),),
         requests=(secrets_subject(node), commit_subject(node), retention_subject(node)),
     )
@@ -324,6 +331,7 @@ def permissions(access: Access, public_key: str) -> Permissions:
             f"$JS.ACK.{s}.>",
             f"{DEAD_PREFIX}.{s}.*",
         ]
+    pub += access.signals
     pub += access.requests
     sub += access.serves
     sub += access.taps
@@ -560,10 +568,11 @@ def table(node: str = "<node>") -> str:
                     a.summary,
                     _cell([*a.writes, *(f"{b} `{k}`" for b, k in a.keys)]),
                     _cell(reads) if user != "admin" else "stream configs",
-                    _cell([f"`{s}`" for s in a.publishes]),
+                    _cell([f"`{s}`" for s in (*a.publishes, *a.signals)]),
                     _cell(
                         [f"`{d.name}` on {d.stream}" for d in a.durables]
                         + [f"any on {s}" for s in a.consumers]
+                        + [f"`{s}` (core)" for s in a.taps]
                     ),
                     _cell([f"`{s}`" for s in a.requests]),
                     _cell([f"`{s}`" for s in a.serves]),

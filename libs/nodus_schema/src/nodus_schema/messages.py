@@ -7,6 +7,8 @@ so fields can be added without breaking anyone; tagged unions where one subject 
 * ``nodus.logs.<node>.<namespace>.<job>.<attempt>``: :class:`LogLines` (node agent -> api-gateway)
 * ``nodus.events.<namespace>.<plural>.<name>``: :class:`ObjectEvent` (every controller -> operators,
   ``nodus tail``; Kubernetes' Events, on the bus)
+* ``nodus.beat.<node>``: :class:`NodeBeat` (node agent -> scheduler; core NATS, kept by no stream: a
+  node's liveness off the disk, ADR-0042)
 """
 
 from __future__ import annotations
@@ -257,3 +259,25 @@ class ObjectEvent(BusMessage, tag="Event"):
     severity: str = "Normal"
     """Normal, or Warning for what a user should look at (a failure, lost capacity)."""
     phase: str | None = None
+
+
+BEAT_PREFIX = "nodus.beat"
+
+
+def beat_subject(node: str) -> str:
+    """``nodus.beat.<node>``: the node's liveness beats. The node is the subject's third token, which the
+    bus's permissions tie to the agent's credential (an agent beats for its own node only)."""
+    return f"{BEAT_PREFIX}.{node}"
+
+
+class NodeBeat(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    """One heartbeat of a node agent, published each ``heartbeat_s`` as a core NATS message (ADR-0042):
+    nothing stores it, so liveness costs no disk write; the Node record carries the time of its last
+    refresh (every ``record_s``) and its changes. The scheduler keeps the newest beat of each node in
+    memory, over the record's ``lastHeartbeatTime``."""
+
+    time_ms: int
+    """The agent's clock at the beat (epoch milliseconds); the scheduler never takes it past its own clock."""
+    phase: str = "Ready"
+    """What the agent says its node is: Ready, or Draining (a GPU fault). Written back by the scheduler
+    over a NotReady the node monitor gave the node for beats it missed."""

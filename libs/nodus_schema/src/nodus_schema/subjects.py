@@ -27,7 +27,7 @@ from nodus_schema.billing import (
 from nodus_schema.configs import Connection, Secret
 from nodus_schema.estimating import EstimateRequest, QuoteRequest
 from nodus_schema.jobs import Job
-from nodus_schema.messages import Assignment, LogLines, ObjectEvent, Report
+from nodus_schema.messages import Assignment, LogLines, NodeBeat, ObjectEvent, Report
 from nodus_schema.nodes import Node
 from nodus_schema.noding import (
     RetentionRequest,
@@ -140,6 +140,8 @@ SUBJECTS: Final[tuple[Subject, ...]] = (
     Subject(secrets_subject("*"), "RunSecretsRequest", RunSecretsRequest, None),
     Subject(retention_subject("*"), "RetentionRequest", RetentionRequest, None),
     Subject(commit_subject("*"), "VolumeCommitRequest", VolumeCommitRequest, None),
+    # Liveness beats (core NATS, no stream): the node's name is the third token.
+    Subject("nodus.beat.*", "NodeBeat", NodeBeat, None),
 )
 
 

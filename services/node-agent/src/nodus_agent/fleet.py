@@ -119,6 +119,7 @@ class SimulatedFleet:
                 workdir=settings.workdir,
                 cwd=settings.workdir,
                 heartbeat_s=settings.heartbeat_s,
+                record_s=settings.record_s,
                 pool=settings.pool,
                 fake_gpus=True,
             )
@@ -301,7 +302,8 @@ class SimulatedFleet:
 
     # -- heartbeats ---------------------------------------------------------------------------------
     async def _heartbeats(self) -> None:
-        """Every node beats once per interval, node ``i`` at ``i/N`` of it: a steady trickle of writes."""
+        """Every node beats once per interval, node ``i`` at ``i/N`` of it: a steady trickle of beats on the
+        bus, and of record refreshes (each node's every ``record_s``)."""
         loop = asyncio.get_running_loop()
         period = self.settings.heartbeat_s
         cycle = loop.time() + period  # registration just wrote every heartbeat
@@ -322,7 +324,7 @@ class SimulatedFleet:
 
     async def _beat(self, node: SimNode) -> None:
         try:
-            await node.registration.beat()
+            await node.registration.tick()
             self.stats["heartbeats"] += 1
         except Exception as e:  # the bus may be reconnecting: the next beat tries again
             self.stats["heartbeat_failures"] += 1

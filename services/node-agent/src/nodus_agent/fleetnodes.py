@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -57,6 +58,7 @@ class SimRegistration(Registration):
                 return cached  # same second as the last write: nothing to say
             try:
                 self.node = await self.store.update(wanted)
+                self._written = time.monotonic()
                 return self.node
             except (Conflict, NotFound):
                 pass  # someone else wrote it, or deleted it: the agent's own path re-reads or registers

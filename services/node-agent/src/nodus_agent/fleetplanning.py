@@ -56,6 +56,8 @@ class FleetSettings:
     offerings: tuple[str, ...] = ("h100-sxm-80g-x1-us",)
     pool: str | None = None
     heartbeat_s: float = 5.0
+    record_s: float = 60.0
+    """How often each node's record is written while nothing changes; beats in between go on the bus."""
     median_s: float = 30.0
     sigma: float = 0.5
     failure_rate: float = 0.0
@@ -84,8 +86,8 @@ class FleetSettings:
             raise ValueError("nodes and chunk must be at least 1")
         if not self.offerings:
             raise ValueError("at least one offering is needed")
-        if self.heartbeat_s <= 0:
-            raise ValueError(f"heartbeat_s={self.heartbeat_s} must be positive")
+        if self.heartbeat_s <= 0 or self.record_s <= 0:
+            raise ValueError(f"heartbeat_s={self.heartbeat_s} and record_s={self.record_s} must be positive")
         if not 0 <= self.failure_rate <= 1:
             raise ValueError(f"failure_rate={self.failure_rate} must be between 0 and 1")
         if min(self.median_s, self.sigma, self.progress_s, self.units_per_second) < 0:
@@ -104,6 +106,7 @@ class FleetSettings:
             offerings=offerings or cls.offerings,
             pool=env.get("NODUS_FLEET_POOL") or None,
             heartbeat_s=float(env.get("NODUS_FLEET_HEARTBEAT_S", str(cls.heartbeat_s))),
+            record_s=float(env.get("NODUS_FLEET_RECORD_S", str(cls.record_s))),
             median_s=float(env.get("NODUS_FLEET_MEDIAN_S", str(cls.median_s))),
             sigma=float(env.get("NODUS_FLEET_SIGMA", str(cls.sigma))),
             failure_rate=float(env.get("NODUS_FLEET_FAILURE_RATE", str(cls.failure_rate))),

@@ -2,7 +2,12 @@
 
 The agent is the sole writer of its Node (cluster-scoped: key ``_.<node>``). Every write goes through
 ``ObjectStore.mutate``, so a lost compare-and-set is re-read and retried; a Node deleted under a running
-agent is simply registered again by the next heartbeat.
+agent is simply registered again by the next record refresh.
+
+Liveness off the disk (ADR-0042, Kubernetes' node Lease for the same reason): each ``heartbeat_s`` the
+agent publishes a :class:`~nodus_schema.messages.NodeBeat` on ``nodus.beat.<node>``, a core NATS message
+that nothing stores; the record itself is written on a change and every ``record_s`` (its
+``lastHeartbeatTime``), so an idle node costs the bus no write between refreshes.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
+import time
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -19,6 +26,7 @@ from nodus_agent.inventory import Inventory
 from nodus_agent.settings import AgentSettings
 from nodus_kit.errors import AlreadyExists, NotFound
 from nodus_kit.storing import ObjectStore
+from nodus_schema.messages import NodeBeat, beat_subject
 from nodus_schema.meta import Condition, ObjectMeta, now_rfc3339
 from nodus_schema.nodes import Node, NodeSpec
 
@@ -61,6 +69,8 @@ class Registration:
         self.registered = False
         self.drain: Drain | None = None
         """Set by :meth:`drain_node`; every later write (register, beats) keeps the node Draining."""
+        self._written = 0.0
+        """When the record was last written (monotonic): the next refresh is ``record_s`` after it."""
 
     async def register(self) -> Node:
         """Create the Node, or take over the existing record (an agent restart keeps its name)."""
@@ -74,21 +84,44 @@ class Registration:
                 except AlreadyExists:
                     continue  # created between our read and our create: take it over on the next pass
             self.registered = True
+            # The first refresh at a random point of the interval: a fleet registered at once does not
+            # refresh every record in the same second ever after.
+            self._written = time.monotonic() - random.uniform(0.0, self.settings.record_s)
             return node
 
     async def beat(self) -> Node:
+        """Write the record's heartbeat (the refresh): Ready again over a NotReady, drained if draining,
+        registered again if the record was deleted."""
         try:
-            return await self.store.mutate(None, self.settings.node, self._beat)
+            node = await self.store.mutate(None, self.settings.node, self._beat)
         except NotFound:
             log.warning("node record %s vanished: registering again", self.settings.node)
             return await self.register()
+        self._written = time.monotonic()
+        return node
+
+    async def pulse(self) -> None:
+        """One liveness beat on ``nodus.beat.<node>``: a core message, stored nowhere."""
+        beat = NodeBeat(time_ms=int(time.time() * 1000), phase=DRAINING if self.drain else "Ready")
+        await self.store.nc.publish(beat_subject(self.settings.node), msgspec.json.encode(beat))
+
+    def record_due(self) -> bool:
+        """Whether the record's refresh is due (``record_s`` since it was last written)."""
+        return time.monotonic() - self._written >= self.settings.record_s
+
+    async def tick(self) -> None:
+        """What one heartbeat does: the record's refresh when it is due, else a beat on the bus."""
+        if self.record_due():
+            await self.beat()
+        else:
+            await self.pulse()
 
     async def heartbeat(self) -> None:
-        """Beat every ``heartbeat_s`` until cancelled; a failed beat is logged and the loop goes on."""
+        """Tick every ``heartbeat_s`` until cancelled; a failed beat is logged and the loop goes on."""
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
             try:
-                await self.beat()
+                await self.tick()
             except Exception as e:  # the bus may be reconnecting: the next beat tries again
                 log.warning("heartbeat failed: %s", e, extra={"node": self.settings.node})
 

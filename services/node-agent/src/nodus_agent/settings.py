@@ -42,6 +42,9 @@ class AgentSettings:
     cwd: Path
     heartbeat_s: float
     pool: str | None
+    record_s: float = 60.0
+    """How often the Node record is written while nothing changes (its ``lastHeartbeatTime``); the beats
+    in between are core NATS messages that nothing stores (ADR-0042)."""
     stop_grace_s: float = 10.0
     fake_gpus: bool = False
     """Skip NVML: simulated nodes on a GPU host, and tests that must see the same on every machine."""

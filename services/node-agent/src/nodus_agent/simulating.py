@@ -79,6 +79,7 @@ _FLAGS: tuple[tuple[str, str, str], ...] = (
     ),
     ("--pool", "NODUS_FLEET_POOL", "pool of every node"),
     ("--heartbeat-s", "NODUS_FLEET_HEARTBEAT_S", "heartbeat interval of each node (default 5)"),
+    ("--record-s", "NODUS_FLEET_RECORD_S", "each node's record refresh (default 60)"),
     ("--median-s", "NODUS_FLEET_MEDIAN_S", "median run time in seconds (default 30; NODUS_SIM_SECONDS)"),
     ("--sigma", "NODUS_FLEET_SIGMA", "lognormal spread of run times (default 0.5; NODUS_SIM_SIGMA)"),
     ("--failure-rate", "NODUS_FLEET_FAILURE_RATE", "probability a run exits 1 (default 0)"),

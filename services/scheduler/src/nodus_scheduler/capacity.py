@@ -318,13 +318,15 @@ class CapacityIndex:
         if gone < t:
             self.remove(name)
             return
+        entry = self._entries.get(name)
+        if entry is not None and self._only_beat(entry, node, alive_until, gone, alive_until >= t):
+            return
         spec = node.spec
         schedulable = node.status.phase == "Ready" and not spec.unschedulable
         drained = node.status.phase == DRAINING
         ready = schedulable and alive_until >= t
         group = self._group(key_of(node))
         busy = self._reserved(name)
-        entry = self._entries.get(name)
         if entry is None:
             entry = _Entry(node, group, schedulable, alive_until, ready, drained)
             self._entries[name] = entry
@@ -342,6 +344,25 @@ class CapacityIndex:
             heapq.heappush(self._gone, (gone, name))
         if max(len(self._deadlines), len(self._gone)) > 4 * len(self._entries) + 1024:
             self._compact()
+
+    def _only_beat(self, entry: _Entry, node: Node, alive_until: float, gone: float, alive: bool) -> bool:
+        """Take ``node`` as a heartbeat of ``entry`` when that is all it changed (the same spec, metadata
+        and phase objects: a beat laid over the record, nodus_scheduler.beating) and readiness stays; the
+        deadlines are filed as :meth:`upsert` files them. Whether it was."""
+        old = entry.node
+        if old.spec is not node.spec or old.metadata is not node.metadata:
+            return False
+        if old.status.phase != node.status.phase or (entry.schedulable and alive) != entry.ready:
+            return False
+        name = node.metadata.name or ""
+        entry.node, entry.alive_until, entry.gone_at = node, alive_until, gone
+        if entry.ready:
+            heapq.heappush(self._deadlines, (alive_until, name))
+        if gone != _NEVER_GONE:
+            heapq.heappush(self._gone, (gone, name))
+        if max(len(self._deadlines), len(self._gone)) > 4 * len(self._entries) + 1024:
+            self._compact()
+        return True
 
     def _gone_at(self, node: Node, alive_until: float) -> float:
         """:func:`gone_at` as a timestamp, from the heartbeat already parsed (upserts are mostly beats)."""

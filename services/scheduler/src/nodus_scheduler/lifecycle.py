@@ -78,7 +78,6 @@ from nodus_scheduler.ranging import within_ranges
 from nodus_scheduler.ruling import (
     REASSIGN_AFTER_S,
     View,
-    alive,
     assembly_exhausted,
     continuity_of,
     deadline_left,
@@ -650,8 +649,8 @@ class Lifecycle:
             if a.status.phase in ATTEMPT_TERMINAL:
                 continue
             node = self.world.node(a.spec.node)
-            if node is not None and alive(node, now):
-                continue
+            if node is not None and not self.world.liveness.lost(node, now):
+                continue  # alive, or silent while this replica was not listening (the monitor looks again)
             try:
                 lost = await self.attempts.mutate(a.metadata.namespace, a.metadata.name or "", lost_on(node))
             except NotFound:

@@ -14,8 +14,13 @@ heap, and one loop sleeps until the earliest look that is still due, skipping th
 replaced. A beat costs a heap push; nothing walks the idle nodes (the controller this replaces made a
 pass per beat and walked every node every resync).
 
+Beats come on the bus (:mod:`nodus_scheduler.beating`, ADR-0042): a node whose silence began while this
+replica was not listening is looked at again once it has listened for a grace. A beat from a node marked
+NotReady (by this monitor, for beats it missed) writes the phase the beat says (Ready, or Draining) and
+the beat's time back: the agent writes its record only every ``record_s``.
+
 Safe to kill at any line: the leader looks at every node when it starts, the decision is made again from
-the record, and NotReady is written by compare-and-set.
+the record, and NotReady and the revival are written by compare-and-set.
 """
 
 from __future__ import annotations
@@ -30,12 +35,14 @@ from typing import Any
 
 import msgspec
 
+from nodus_kit.cancelling import cancel_and_wait
 from nodus_kit.keying import Event
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.beating import epoch_of
 from nodus_scheduler.capacity import HEARTBEAT_GRACE
 from nodus_scheduler.ruling import alive
 from nodus_scheduler.viewing import ACTIVE_ON, JobKey, World, job_key
-from nodus_schema.meta import parse_time
+from nodus_schema.meta import format_time, parse_time
 from nodus_schema.nodes import Node
 
 MARGIN_S = 0.05
@@ -61,12 +68,14 @@ class NodeMonitor:
         self._wake = asyncio.Event()
         self._sleeps_until = 0.0
         self._leading = False
+        self._reviving: dict[str, asyncio.Task[None]] = {}
         world.nodes.add_handler(self._on_event)
 
     async def run(self) -> None:
         """While this replica leads: every node looked at once, then each when its heartbeat runs out."""
         await self.world.nodes.synced.wait()
         self._leading = True
+        self.world.liveness.revive = self._revive
         try:
             for node in self.world.nodes:
                 self._file(node.metadata.name or "", look_at(node))
@@ -76,6 +85,9 @@ class NodeMonitor:
                 await self._sleep()
         finally:
             self._leading = False
+            self.world.liveness.revive = None
+            await cancel_and_wait(list(self._reviving.values()))
+            self._reviving.clear()
             self._looks.clear()
             self._due.clear()
 
@@ -113,8 +125,13 @@ class NodeMonitor:
     async def look(self, name: str) -> None:
         """Mark ``name`` NotReady if its heartbeat ran out, and queue the Jobs of its unfinished runs."""
         node = self.world.node(name)
-        if node is not None and alive(node, datetime.now(UTC)):
+        now = time.time()
+        if node is not None and alive(node, datetime.fromtimestamp(now, UTC)):
             self._file(name, look_at(node))
+            return
+        liveness = self.world.liveness
+        if node is not None and not liveness.may_judge(node, now):  # silent while not listening
+            self._file(name, max(look_at(node), liveness.judged_from() + MARGIN_S))
             return
         if node is not None and node.status.phase != "NotReady":
             await self._mark_not_ready(name)
@@ -130,4 +147,29 @@ class NodeMonitor:
             )
 
         with contextlib.suppress(Exception):  # the node may be gone, or its agent may have just beaten
+            self.world.nodes.apply(await self.nodes.mutate(None, name, change))
+
+    # -- a beat from a node marked NotReady ------------------------------------------------------------
+    def _revive(self, name: str) -> None:
+        if self._leading and name not in self._reviving:
+            task = asyncio.create_task(self._write_revival(name), name=f"scheduler:revive:{name}")
+            self._reviving[name] = task
+            task.add_done_callback(lambda _: self._reviving.pop(name, None))
+
+    async def _write_revival(self, name: str) -> None:
+        """The phase and time of ``name``'s newest beat over a NotReady record older than that beat."""
+        liveness = self.world.liveness
+
+        def change(node: Node) -> Node | None:
+            heard = int(liveness.heard.get(name, 0.0))
+            if node.status.phase != "NotReady" or heard <= int(epoch_of(node.status.last_heartbeat_time)):
+                return None  # Ready already, or NotReady said by its agent after this beat (it stopped)
+            status = msgspec.structs.replace(
+                node.status,
+                phase=liveness.phases.get(name, "Ready"),
+                last_heartbeat_time=format_time(datetime.fromtimestamp(heard, UTC)),
+            )
+            return msgspec.structs.replace(node, status=status)
+
+        with contextlib.suppress(Exception):  # gone, or the bus is away: the next beat asks again
             self.world.nodes.apply(await self.nodes.mutate(None, name, change))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -94,8 +94,11 @@ class Retirer:
         *,
         delete_after: timedelta = DELETE_AFTER,
         check_s: float | None = None,
+        judge: Callable[[Node, float], bool] | None = None,
     ) -> None:
         self.nc, self.nodes, self.view = nc, nodes, view
+        self.judge = judge
+        """Whether a node's silence at a time may be judged (``Liveness.may_judge``); None: always."""
         self.delete_after = delete_after
         self.check_s = check_period(delete_after) if check_s is None else check_s
         self.deleted = 0
@@ -116,7 +119,12 @@ class Retirer:
         """Delete every node of the view NotReady for longer than ``delete_after`` at ``now``; the names of
         those this call deleted."""
         now = now or datetime.now(UTC)
-        due = [n for n in self.view if unreachable(n, now, self.delete_after)]
+        at = now.timestamp()
+        due = [
+            n
+            for n in self.view
+            if unreachable(n, now, self.delete_after) and (self.judge is None or self.judge(n, at))
+        ]
         return [n.metadata.name or "" for n in due if await self.retire(n)]
 
     async def retire(self, node: Node) -> bool:

@@ -83,7 +83,13 @@ class SchedulerService(Service):
             workers=1,
             resync_s=config.resync_s,
         )
-        self.retirer = Retirer(self.bus, world.nodes.store, world.nodes, delete_after=times.delete_after)
+        self.retirer = Retirer(
+            self.bus,
+            world.nodes.store,
+            world.nodes,
+            delete_after=times.delete_after,
+            judge=world.liveness.may_judge,
+        )
         await world.start()
         self.reports = Consumer(
             self.bus.jetstream(),

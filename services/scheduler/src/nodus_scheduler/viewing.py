@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit.informing import Informer
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.beating import Liveness
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_LABEL, Attempt
 from nodus_schema.billing import FUNDING_BUCKET, Funding
 from nodus_schema.jobs import Job
@@ -61,12 +62,16 @@ class World:
     """The informers, and the questions the scheduler asks of them."""
 
     def __init__(self, nc: NATS, *, funding: bool = True) -> None:
+        self.nc = nc
+        # The beats heard on the bus, laid over the Nodes' records (ADR-0042).
+        self.liveness = Liveness()
         self.jobs = Informer(ObjectStore(nc, "jobs", Job))
         self.attempts = Informer(
             ObjectStore(nc, "attempts", Attempt),
             indexers={BY_JOB: _by_job, ACTIVE_ON: _active_on, WARM_ON: _warm_on, WARM_FROM: _warm_from},
         )
-        self.nodes = Informer(ObjectStore(nc, "nodes", Node))
+        self.nodes = Informer(ObjectStore(nc, "nodes", Node), transform=self.liveness.overlay)
+        self.liveness.attach(self.nodes)
         # NODUS_FUNDING=off: a fleet nobody pays for has no funding records to follow.
         self.funding = Informer(ObjectStore(nc, FUNDING_BUCKET, Funding)) if funding else None
 
@@ -86,12 +91,14 @@ class World:
         return True
 
     async def start(self) -> None:
+        await self.liveness.start(self.nc)  # first: a beat after the list is not missed
         for informer in self.informers:
             await informer.start()
 
     async def stop(self) -> None:
         for informer in self.informers:
             await informer.stop()
+        await self.liveness.stop()
 
     # -- questions -----------------------------------------------------------------------------------
     def attempts_of(self, key: JobKey) -> list[Attempt]:
