@@ -35,11 +35,8 @@ from nodus_kit.keying import META_PREFIX, NODUS_OP, Event, Page, is_marker, key_
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
-# The server's idle heartbeat of each watch's consumer: nats-py re-creates an ordered consumer that
-# missed two, and a watch silent for three asks whether its consumer still exists. 5 s (was 1 s): an idle
-# stack's watches cost the server and each process a fifth of the wakeups (issue #23's idle budget); a
-# consumer lost with its server is found within 10-15 s, as nats-py's own default heartbeat would.
-HEARTBEAT_S = 5.0
+# How long a consumer may be silent (no message, no heartbeat) before the watch re-creates it.
+HEARTBEAT_S = 1.0
 MAX_BUFFERED: Final = 8192
 """Messages a watch holds for its reader at most; past that it drops its consumer until the reader has
 read them (memory stays bounded for a slow reader, such as a gateway watch to a slow client)."""
