@@ -308,6 +308,20 @@ class CapacityIndex:
 
     # -- changes ---------------------------------------------------------------------------------------
 
+    def follow(self, name: str, node: Node | None) -> bool:
+        """Take the view's record of ``name`` (None: gone); whether placement sees another node now: it
+        came, went, or changed what it offers or whether it takes work. A heartbeat that changes nothing
+        else (most Node writes) is not."""
+        before, was_ready = self.node(name), self.is_ready(name)
+        if node is not None:
+            self.upsert(node)
+        else:
+            self.remove(name)
+        after = self.node(name)
+        if before is None or after is None or was_ready != self.is_ready(name):
+            return True
+        return before.spec is not after.spec and before.spec != after.spec
+
     def upsert(self, node: Node, now: datetime | None = None) -> None:
         """Add ``node`` or take its new record (phase, heartbeat, offering, pool, …); readiness at ``now``.
         A node NotReady past the unreachable grace at ``now`` is removed instead."""
@@ -338,12 +352,7 @@ class CapacityIndex:
         group._add(name, ready, busy, drained)
         self._list_warm(name, group)
         entry.gone_at = gone
-        if ready:
-            heapq.heappush(self._deadlines, (alive_until, name))
-        if gone != _NEVER_GONE:
-            heapq.heappush(self._gone, (gone, name))
-        if max(len(self._deadlines), len(self._gone)) > 4 * len(self._entries) + 1024:
-            self._compact()
+        self._file(name, entry)
 
     def _only_beat(self, entry: _Entry, node: Node, alive_until: float, gone: float, alive: bool) -> bool:
         """Take ``node`` as a heartbeat of ``entry`` when that is all it changed (the same spec, metadata
@@ -354,15 +363,18 @@ class CapacityIndex:
             return False
         if old.status.phase != node.status.phase or (entry.schedulable and alive) != entry.ready:
             return False
-        name = node.metadata.name or ""
         entry.node, entry.alive_until, entry.gone_at = node, alive_until, gone
+        self._file(node.metadata.name or "", entry)
+        return True
+
+    def _file(self, name: str, entry: _Entry) -> None:
+        """File ``entry``'s deadlines: readiness running out, and leaving the index."""
         if entry.ready:
-            heapq.heappush(self._deadlines, (alive_until, name))
-        if gone != _NEVER_GONE:
-            heapq.heappush(self._gone, (gone, name))
+            heapq.heappush(self._deadlines, (entry.alive_until, name))
+        if entry.gone_at != _NEVER_GONE:
+            heapq.heappush(self._gone, (entry.gone_at, name))
         if max(len(self._deadlines), len(self._gone)) > 4 * len(self._entries) + 1024:
             self._compact()
-        return True
 
     def _gone_at(self, node: Node, alive_until: float) -> float:
         """:func:`gone_at` as a timestamp, from the heartbeat already parsed (upserts are mostly beats)."""

@@ -208,16 +208,7 @@ class Lifecycle:
 
     def _on_node(self, event: Event[Node]) -> None:
         name = event.object.metadata.name or ""
-        node = self.world.node(name)
-        before = self.capacity.node(name), self.capacity.is_ready(name)
-        if node is not None:
-            self.capacity.upsert(node)
-        else:
-            self.capacity.remove(name)
-        after = self.capacity.node(name), self.capacity.is_ready(name)
-        # A node came, went, or changed what it offers or whether it takes work: waiting Jobs may fit now.
-        # A heartbeat that changes nothing else (most Node writes) is no reason for a pass.
-        if before[1] != after[1] or before[0] is None or after[0] is None or before[0].spec != after[0].spec:
+        if self.capacity.follow(name, self.world.node(name)):  # waiting Jobs may fit now
             self.binder.kick()
             self.warm.wake()  # a node kept warm that is no longer Ready ends its window
 
