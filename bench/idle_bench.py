@@ -6,7 +6,9 @@ process on its own credential. Once every process is ready and the start's own w
 CPU time of each (user + system, from /proc) is read over a window of 60 s. Then a simulated fleet of
 1,000 nodes (``nodus-sim-fleet``, docs/simulation.md) joins, and once every one of its nodes is Ready and
 the registrations have settled, the control plane's CPU (every process of the stack, the fleet's own
-excluded) is read over another window.
+excluded) is read over another window. Last, the floor under those nodes: their beats, as often, heard by
+a bare nats-py subscription through a bare nats-server (bench/beat_floor.py), over a third window; the
+last row sets what the nodes add to the control plane (the second window less the first) against it.
 
 Ratios are the budget over the measure: 100% is exactly the budget, above it is better. Budgets: the stack
 idle under 1% of one core in total (nats-server, the services and the agents; SeaweedFS, the agents'
@@ -29,13 +31,16 @@ from pathlib import Path
 import httpx
 
 from bench.running import Result, cpu_seconds, spawn
+from nodus_agent.fleet import MIN_TICK_S
 from nodus_testing.localstack import Stack, default_agents
+from nodus_testing.natsserver import NatsServer
 from nodus_testing.waiting import eventually
 
 WINDOW_S = float(os.environ.get("NODUS_BENCH_IDLE_S", "60"))
 SETTLE_S = 20.0
 """After the start (informers listing, first resyncs, registrations) and before a window opens."""
 FLEET_NODES = 1000
+FLEET_HEARTBEAT_S = 5.0  # the fleet's default, said here so that the floor below beats as often
 STACK_BUDGET = 0.01
 FLEET_BUDGET = 0.05
 OBJECT_STORE = "s3"  # SeaweedFS: shown, but not one of the processes the budget counts
@@ -99,6 +104,7 @@ def _fleet(stack: Stack, values: dict[str, str], tmp: Path) -> subprocess.Popen[
     }
     argv = ["-m", "nodus_agent.simulating", "--fleet", "idle", "--nodes", str(FLEET_NODES)]
     argv += ["--offerings", "l4-x1-us,h100-sxm-80g-x1-us", "--workdir", str(tmp / "fleet")]
+    argv += ["--heartbeat-s", str(FLEET_HEARTBEAT_S)]
     return spawn(argv, env, tmp / "fleet.log")
 
 
@@ -124,4 +130,40 @@ async def run(n: int) -> list[Result]:
                 await asyncio.to_thread(fleet.wait, 30)
         finally:
             await asyncio.to_thread(stack.stop)
-    return results
+        floor = await _beats_floor(tmp)
+    return [*results, _floor_result(results, floor)]
+
+
+async def _beats_floor(tmp: Path) -> dict[str, float]:
+    """The same nodes' beats heard by a bare nats-py subscription through a bare nats-server (no account,
+    no stream; bench/beat_floor.py), over the same window: each one's share of one core."""
+    server = NatsServer(auth=False).start()
+    assert server.proc is not None
+    try:
+        hear = spawn(["-m", "bench.beat_floor", "hear", server.url], {}, tmp / "floor-hear.log")
+        argv = ["-m", "bench.beat_floor", "publish", server.url, str(FLEET_NODES), str(FLEET_HEARTBEAT_S)]
+        argv.append(str(MIN_TICK_S))  # the fleet's schedule: what it sends together, sent together
+        nodes = spawn(argv, {}, tmp / "floor-publish.log")
+        try:
+            await asyncio.sleep(SETTLE_S)  # every node has beaten at least once; the subscriber is warm
+            shares = await _shares({"nats": server.proc.pid, "subscriber": hear.pid})
+        finally:
+            for proc in (nodes, hear):
+                proc.kill()
+                await asyncio.to_thread(proc.wait, 30)
+    finally:
+        server.close()
+    print(f"the same beats, bare: {sum(shares.values()):.2%} of one core ({_text(shares)})", flush=True)
+    return shares
+
+
+def _floor_result(results: list[Result], floor: dict[str, float]) -> Result:
+    """What the nodes cost the control plane (with them, less idle) against what their beats cost bare."""
+    idle, nodes = (1 / r.rate for r in results)
+    added, bare = nodes - idle, sum(floor.values())
+    return Result(
+        f"what {FLEET_NODES:,} idle nodes add to the control plane: {added:.2%} of one core, as 1/share",
+        f"their beats alone, bare: {bare:.2%} ({_text(floor)}), as 1/share",
+        1 / max(added, 1e-6),
+        1 / max(bare, 1e-6),
+    )
