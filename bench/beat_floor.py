@@ -20,6 +20,7 @@ import time
 import msgspec
 import nats
 
+from nodus_agent.fleet import trickle
 from nodus_schema.messages import NodeBeat, beat_subject
 
 
@@ -32,15 +33,10 @@ async def publish(url: str, nodes: int, period_s: float, tick_s: float) -> None:
     loop = asyncio.get_running_loop()
     cycle = loop.time()
     while True:
-        done = 0
-        while done < nodes:
-            due = min(nodes, int((loop.time() - cycle) / period_s * nodes) + 1)
-            for name in names[done:due]:
+        async for due in trickle(nodes, cycle, period_s, tick_s):  # the fleet's own schedule
+            for name in names[due]:
                 body = msgspec.json.encode(NodeBeat(time_ms=int(time.time() * 1000), phase="Ready"))
                 await nc.publish(beat_subject(name), body)
-            done = max(done, due)
-            if done < nodes:  # the schedule itself: each node's point of the period
-                await asyncio.sleep(max(cycle + done * period_s / nodes - loop.time(), tick_s))
         cycle = max(cycle + period_s, loop.time())
         await asyncio.sleep(max(cycle - loop.time(), 0.0))
 

@@ -41,7 +41,7 @@ import contextvars
 import functools
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -87,6 +87,24 @@ MAX_DELIVER = 8  # deliveries before a failing assignment goes to the dead lette
 CONSUMER_MAX_DELIVER = 2**31 - 1
 VANISHED_RETRY_S = 5.0
 MIN_TICK_S = 0.05  # the heartbeat loop's finest step
+
+
+async def trickle(count: int, start: float, period: float, tick: float) -> AsyncIterator[slice]:
+    """One period of a steady trickle from ``start`` (loop time): item ``i`` of ``count`` is due at
+    ``i/count`` of the period. Yields the slice of items due, in order, as their time comes; those due
+    within ``tick`` of each other come together (bench/beat_floor.py sends its beats on the same schedule).
+    """
+    loop = asyncio.get_running_loop()
+    done = 0
+    while done < count:
+        due = min(count, int((loop.time() - start) / period * count) + 1)
+        if due > done:
+            yield slice(done, due)
+            done = due
+        if done < count:
+            await asyncio.sleep(max(start + done * period / count - loop.time(), tick))
+
+
 REGISTER_CONCURRENCY = 64
 LOST_ON_REVIVE = "the node vanished while the attempt ran (simulated node loss)"
 
@@ -310,15 +328,8 @@ class SimulatedFleet:
         await asyncio.sleep(period)
         while True:
             order = list(self.nodes.values())
-            n, done = len(order), 0
-            while done < n:
-                due = min(n, int((loop.time() - cycle) / period * n) + 1)
-                if due > done:
-                    batch = [node for node in order[done:due] if node.alive]
-                    done = due
-                    await asyncio.gather(*(self._beat(node) for node in batch))
-                if done < n:
-                    await asyncio.sleep(max(cycle + done * period / n - loop.time(), MIN_TICK_S))
+            async for due in trickle(len(order), cycle, period, MIN_TICK_S):
+                await asyncio.gather(*(self._beat(node) for node in order[due] if node.alive))
             cycle = max(cycle + period, loop.time())
             await asyncio.sleep(max(cycle - loop.time(), 0.0))
 
