@@ -4,7 +4,8 @@ its funding (blocked or not) and its ``status.cost`` written from the books (ADR
 One level-triggered reconcile per Job, safe to kill at any line and to run any number of times:
 
 1. the Job (and its Sweep, and the Pipeline it is a stage of: ``putting``) are put in the project's book:
-   their caps, labels and generation;
+   their caps, labels and generation; a Job that never ran is left out until the hold endpoint puts it
+   with its first hold (``_booked``: the book does not grow with Jobs that never run);
 2. for each open hold of the Job (a hold is named after its Attempt): a finished run is **captured** with
    its charge by segment (``segmenting``); a running one is **charged** up to the last whole meter tick and
    **extended** ahead of use by as much as the caps, Budgets and credits allow; a hold whose Attempt never
@@ -238,9 +239,12 @@ class Metering:
         # count only through their holds, and a scan of the holds does not grow with the book's Jobs.
         refs = {h.job for h in state.holds.values() if h.job.rsplit("@", 1)[0] == name}
         steps: list[Step] = []
+        booked = False
         if job is not None:
-            steps += self.puts(job, *(await self._owners(views, job)))
             refs.add(job_ref(name, job.metadata.uid))
+            booked = _booked(state, job, attempts)
+            if booked:
+                steps += self.puts(job, *(await self._owners(views, job)))
         steps += self._settle(state, refs, attempts, now)
         if _acts(state, steps):
             state = (await self.books.apply(ns, steps)).state
@@ -249,8 +253,8 @@ class Metering:
         if job is None:
             return self._next(state, refs)
         ref = job_ref(name, job.metadata.uid)
-        if ref not in state.jobs:  # refused (a Sweep or Pipeline not known yet): the next pass puts it
-            return 1.0
+        if booked and ref not in state.jobs:  # refused (a Sweep or Pipeline not known yet): the next pass
+            return 1.0  # puts it
         block = await self._fund(views, job, ref, state, attempts, now)
         written = await self._write_cost(views, job, ref, state, attempts)
         quiet = not _open_holds(state, refs) and block is None and not _running(attempts)
@@ -385,7 +389,9 @@ class Metering:
         record = views.funding.get(ns, name)
         current = record.blocked if record is not None and record.job_uid == job.metadata.uid else None
         block = None
-        if job.status.phase not in TERMINAL_PHASES:
+        if ref not in state.jobs:  # never held (see _booked): nothing of it to block, nor to lift
+            block = current
+        elif job.status.phase not in TERMINAL_PHASES:
             block = self._block_of(state, ref, attempts, now, current)
         if block == current:
             return block
@@ -489,6 +495,15 @@ def _seen(views: Views, project: str) -> int | None:
     glance = views.books.get(None, project)
     rv = glance.metadata.resource_version if glance is not None else None
     return int(rv) if rv else None
+
+
+def _booked(state: State, job: Job, attempts: list[Attempt]) -> bool:
+    """Whether the meter puts the Job in its project's book: it is there already (its cap, labels and
+    generation are kept current), or a run of its name exists. A Job that never ran (Suspended, or waiting
+    for capacity) is put by the hold endpoint with its first hold, in that hold's commit; until then
+    nothing of it is held or spent, and the book (one message, written whole at every commit) does not grow
+    with the Jobs of a project that never ran."""
+    return job_ref(job.metadata.name or "", job.metadata.uid) in state.jobs or bool(attempts)
 
 
 def _acts(state: State, steps: list[Step]) -> bool:

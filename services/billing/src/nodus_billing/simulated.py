@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from nodus_billing.holding import Capture, Charge, Expire, ExtendHold, Op, PlaceHold, Release
+from nodus_billing.holding import Capture, Charge, Expire, ExtendHold, Op, PlaceHold, PutJob, Release
 from nodus_billing.invariants import Broken, check_capture
 from nodus_billing.metering import MIN_RECHECK_MS, STAMP_MS, Terms, funded_until
 from nodus_billing.segmenting import NODUS_FAULTS, billed_millis_of, charged, usage_ms, usage_of
@@ -118,6 +118,9 @@ class World:
         if not ready:
             return
         job = self.rng.choice(ready)
+        # The hold endpoint puts a Job that never ran with its first hold.
+        if job.ref not in self.books[job.project].jobs and not self.put(job).ok:
+            return
         slot = min(s for s in range(job.slots) if s not in job.running)
         room, _ = room_for(self.books[job.project], job.ref, month_of(self.now))
         sized = hold_micros(job.rate, self.terms.window_ms, room)
@@ -149,6 +152,22 @@ class World:
         if not orphan:
             job.running[slot] = run
         self.requeued[job.ref] = None
+
+    def put(self, job: SimJob) -> Result:
+        """PutJob at the Job's generation (putting.puts): by the hold endpoint before a Job's first hold,
+        by the meter for a Job already in the book."""
+        op = PutJob(
+            name=job.ref,
+            project=job.project,
+            generation=job.generation,
+            sweep=job.sweep,
+            labels=dict(job.labels),
+            max_cost_micros=job.cap,
+            pipeline=job.pipeline,
+        )
+        result = self._apply(job.project, op)
+        self.requeued[job.ref] = None
+        return result
 
     def progress(self) -> None:
         """A run starts its program, finishes, fails to launch or is lost with its node."""
@@ -351,7 +370,7 @@ class World:
     def _fund(self, job: SimJob) -> None:
         """Metering._block_of: block a Job whose running holds are short and cannot be extended, unblock
         it once it could run a while again; the scheduler stops a blocked Job's runs."""
-        if job.done:
+        if job.done or job.ref not in self.books[job.project].jobs:  # never held: nothing to block
             return
         state, margin = self.books[job.project], self.terms.margin_ms
         room, code = room_for(state, job.ref, month_of(self.now))

@@ -38,7 +38,6 @@ from nodus_billing.holding import (
     Op,
     PlaceHold,
     PutBudget,
-    PutJob,
     PutPipeline,
     PutSweep,
     Release,
@@ -405,8 +404,7 @@ class _Simulation(World):
                 job.pipeline = self._a_pipeline(project)
         job.cap = None if rng.random() < 0.35 else _amount(rng, rate)
         job.labels = {"team": rng.choice(("a", "b"))}
-        self.jobs[job.ref] = job
-        self._put(job)
+        self.jobs[job.ref] = job  # in the book from its first hold (Metering._booked)
 
     def _cap(self) -> None:
         """A Job's maxCostUSD raised, lowered (below what is spent and held, at times) or removed."""
@@ -425,20 +423,8 @@ class _Simulation(World):
         if rng.random() < 0.2:
             job.labels = {"team": rng.choice(("a", "b"))}
         job.generation += 1
-        self._put(job)
-
-    def _put(self, job: SimJob) -> None:
-        op = PutJob(
-            name=job.ref,
-            project=job.project,
-            generation=job.generation,
-            sweep=job.sweep,
-            labels=dict(job.labels),
-            max_cost_micros=job.cap,
-            pipeline=job.pipeline,
-        )
-        self._apply(job.project, op)
-        self.requeued[job.ref] = None
+        if job.ref in self.books[job.project].jobs:  # else put with its first hold, at this generation
+            self.put(job)
 
     def _restart(self) -> None:
         """Billing restarts: every book read back from its JSON; the last operations are delivered again."""
