@@ -111,15 +111,18 @@ class Books:
         """The project's state as stored (an empty state for a project nothing was charged to yet); a book
         that needs repair is read repaired, and the repaired book is written back (see the module).
 
-        ``seen``: the revision of the book that billing's view of it (the books' glance) shows. When the
-        book this replica last read or wrote is at least as recent, it is returned without a read: it is
-        as fresh as the view, and a write the view has not seen yet reaches the meter when it does."""
+        ``seen``: the revision of the book that billing's view of it (the books' glance) shows, 0 when the
+        view holds no book of the project. When the book this replica last read or wrote is at least as
+        recent, it is returned without a read: it is as fresh as the view, and a write the view has not
+        seen yet reaches the meter when it does. So is the opening state of a project that neither has."""
         kept = self._kept.get(project)
         if seen is not None and kept is not None and _revision(kept) >= seen:
             return kept.state
+        if seen == 0 and kept is None:
+            return self.opening(project)
         book = await self._get(project)
         if book is None:
-            return self._opening(project, State())
+            return self.opening(project)
         state, repairs = repair(book.state, _now_ms())
         if repairs:
             self._spawn(self.apply(project, []), f"books:repair:{project}")  # an empty commit writes it
@@ -256,6 +259,10 @@ class Books:
             )
         except Exception as e:
             log.warning("event not published: %s", e, extra={"project": project, "reason": REPAIRED})
+
+    def opening(self, project: str) -> State:
+        """The state of a project with no book yet: its starting credits (written with its first commit)."""
+        return self._opening(project, State())
 
     def _opening(self, project: str, state: State) -> State:
         """A project's starting credits, granted once (the grant's id makes it so)."""

@@ -470,7 +470,9 @@ class Metering:
             return msgspec.structs.replace(current, status=status)
 
         try:
-            stored = await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change)
+            # Tried first on the revision judged (the view's copy): a Job nobody wrote since costs a write
+            # and no read; a conflict reads it fresh.
+            stored = await self.jobs.mutate(job.metadata.namespace, job.metadata.name or "", change, seen=job)
         except NotFound:
             return None  # deleted meanwhile: its DELETED event brings it back
         views.jobs.apply(stored)  # write-through: the next pass sees the cost it wrote (newer wins)
@@ -491,9 +493,12 @@ class Metering:
 
 
 def _seen(views: Views, project: str) -> int | None:
-    """The revision of the project's book that the books' glance shows (None: no book seen yet)."""
+    """The revision of the project's book that the books' glance shows (0: the glance, listed, holds no
+    book of the project; None: a glance without a revision)."""
     glance = views.books.get(None, project)
-    rv = glance.metadata.resource_version if glance is not None else None
+    if glance is None:
+        return 0
+    rv = glance.metadata.resource_version
     return int(rv) if rv else None
 
 

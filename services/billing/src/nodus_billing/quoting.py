@@ -342,9 +342,9 @@ class QuoteReads:
     two reads, not n.
 
     A read decodes the balances, Budgets and holds only (:class:`_Glance`). A project without a book yet
-    (its starting credits), a quote for a Pipeline's stage (it reads the Jobs and Pipelines too) and a
-    glance whose amounts need repair (``repairing``) read the whole book through :meth:`Books.read`, as
-    before, which repairs it and writes it back."""
+    is quoted on its starting credits (:meth:`Books.opening`, no second read). A quote for a Pipeline's
+    stage (it reads the Jobs and Pipelines too) and a glance whose amounts need repair (``repairing``)
+    read the whole book through :meth:`Books.read`, as before, which repairs it and writes it back."""
 
     def __init__(self, books: Books) -> None:
         self.books = books
@@ -388,7 +388,7 @@ class QuoteReads:
         try:
             book = await self.glances.get(None, project)
         except errors.NotFound:
-            return await self.books.read(project)  # no book yet: the starting credits it opens with
+            return self.books.opening(project)  # no book yet: the starting credits it opens with
         g = book.state
         state = State(budgets=g.budgets, holds=g.holds, balances=g.balances)
         return state if encodable(state) else await self.books.read(project)
