@@ -14,9 +14,11 @@ import msgspec
 import pytest
 
 from nodus_billing.books import Books
+from nodus_billing.metering import job_ref
 from nodus_billing.service import BillingService
 from nodus_kit import messaging
 from nodus_schema.billing import HOLD_SUBJECT, HoldReply, HoldRequest
+from nodus_schema.costs import opening_cost
 from nodus_schema.jobs import Job
 from nodus_testing.waiting import eventually
 
@@ -114,3 +116,39 @@ async def test_a_deleted_job_with_nothing_held_or_running_reads_no_book(make_rig
         finally:
             metering.books.read = read_book  # type: ignore[method-assign]
         assert reads == 0
+
+
+async def test_a_job_that_never_ran_stays_out_of_the_book_until_its_first_hold(
+    make_rig: Callable[..., Any],
+) -> None:
+    """The book is one message written whole at every commit: Jobs that never run (Suspended, waiting for
+    capacity) must not make it grow. The meter writes such a Job's opening cost without a commit; the hold
+    endpoint puts the Job with its first hold, in that hold's commit."""
+    async with make_rig(funding=True, scheduler=False) as rig:
+        billing: BillingService = await rig.start_billing(**TERMS)
+        created = await rig.submit("idle")
+        await rig.jobs.mutate("t", "idle", _suspend)
+        ref = job_ref("idle", created.metadata.uid)
+
+        def costed() -> Job:
+            job = billing.views.jobs.get("t", "idle")
+            assert job is not None and job.status.phase == "Suspended" and job.status.cost is not None
+            return job
+
+        job = await eventually(costed, deadline_s=20, message="billing never wrote the Job's cost")
+        assert job.status.cost == opening_cost(job.spec.max_cost_usd)
+        assert billing.metering.books.commits == 0, "nothing to commit for a Job that never ran"
+        assert ref not in (await Books(rig.nc).read("t")).jobs
+
+        ask = HoldRequest(
+            namespace="t",
+            job="idle",
+            job_uid=created.metadata.uid or "",
+            attempt="idle-a1",
+            rate_micros_per_hour=RATE,
+            window_millis=600_000,
+        )
+        reply = await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)
+        assert reply.ok and reply.hold_micros > 0
+        state = await Books(rig.nc).read("t")
+        assert ref in state.jobs and state.holds["idle-a1"].job == ref

@@ -231,6 +231,9 @@ async def test_a_create_carries_its_estimate(api: httpx.AsyncClient, unique: str
     assert resp.json()["status"]["estimate"]["rateUSDPerHour"] == "2.99"
     stored = (await api.get(jobs(unique, "train"))).json()
     assert stored["status"]["estimate"] == resp.json()["status"]["estimate"]
+    # Billing quoted it: the cost billing writes first for a Job nothing was held for, stored with it.
+    zero = {"totalUSD": "0.00", "heldUSD": "0.00", "rateUSDPerHour": "0.00", "final": False}
+    assert stored["status"]["cost"] == resp.json()["status"]["cost"] == zero
     assert RATE_CEILING_ANNOTATION not in stored["metadata"].get("annotations", {})
 
 
@@ -333,6 +336,7 @@ async def test_without_the_estimate_services_a_create_is_admitted_with_a_warning
     (warning,) = resp.headers.get_list("warning")
     assert warning.startswith(f'299 - "no estimate: nobody serves {ESTIMATE_SUBJECT}')
     assert "estimate" not in resp.json().get("status", {})
+    assert "cost" not in resp.json().get("status", {})  # billing's to write: it did not answer
     assert (await api.get(jobs(unique, "train"))).status_code == 200
 
 

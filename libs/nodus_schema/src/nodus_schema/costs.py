@@ -11,6 +11,7 @@ from typing import Final
 
 import msgspec
 
+from nodus_schema.quantities import micros_to_usd
 from nodus_schema.wire import Wire
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PlacementPreview",
     "StartupEstimate",
     "USDBand",
+    "opening_cost",
 ]
 
 BILLING_SEGMENTS: Final = ("Boot", "Running", "Restore", "Teardown")
@@ -61,6 +63,14 @@ class Cost(Wire):
     """The sum of the hourly rates of its capacity that is still billing."""
     total_usd: str | None = msgspec.field(default=None, name="totalUSD")
     """What has been charged for this object so far."""
+
+
+def opening_cost(limit_usd: str | None) -> Cost:
+    """status.cost of an object nothing was charged or held for yet: what billing writes first for a Job
+    that has not run, and what the gateway stores with a Job billing quoted (so billing, finding it,
+    does not write it again)."""
+    zero = micros_to_usd(0)
+    return Cost(total_usd=zero, held_usd=zero, rate_usd_per_hour=zero, limit_usd=limit_usd, final=False)
 
 
 class BlockingReason(Wire):

@@ -43,7 +43,7 @@ from nodus_kit import errors as kit
 from nodus_kit import messaging
 from nodus_kit.storing import ObjectStore
 from nodus_schema import Job, Sweep
-from nodus_schema.costs import DurationBand, Estimate, EstimateWarning, StartupEstimate
+from nodus_schema.costs import DurationBand, Estimate, EstimateWarning, StartupEstimate, opening_cost
 from nodus_schema.errors import StatusCause
 from nodus_schema.estimating import (
     ESTIMATE_SUBJECT,
@@ -151,6 +151,16 @@ def with_estimate(obj: Any, estimate: Estimate) -> Any:
         )
     else:
         status = msgspec.structs.replace(obj.status, estimate=estimate)
+    return msgspec.structs.replace(obj, status=status)
+
+
+def with_opening_cost(obj: Any) -> Any:
+    """A Job that billing quoted, with the ``status.cost`` billing writes first for a Job nothing was held
+    for (``nodus_schema.costs.opening_cost``): the create answers it at once, and billing, finding it
+    stored, has nothing to write until the Job's first hold. Other kinds are left as they are."""
+    if not isinstance(obj, Job) or obj.status.cost is not None:
+        return obj
+    status = msgspec.structs.replace(obj.status, cost=opening_cost(obj.spec.max_cost_usd))
     return msgspec.structs.replace(obj, status=status)
 
 

@@ -50,7 +50,14 @@ from nodus_gateway.admitting import (
 )
 from nodus_gateway.authorizing import authorize, visible_namespaces
 from nodus_gateway.deleting import delete_object, delete_options
-from nodus_gateway.estimating import COMPUTE_KINDS, ask, estimable, estimate_for, with_estimate
+from nodus_gateway.estimating import (
+    COMPUTE_KINDS,
+    ask,
+    estimable,
+    estimate_for,
+    with_estimate,
+    with_opening_cost,
+)
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
 from nodus_gateway.querying import (
     DryRunQ,
@@ -351,7 +358,8 @@ class _Routes:
             return Estimated(Admitted(obj, (*admitted.warnings, warning)), {})
         if asked.estimate.blocking_reasons:
             raise _refusal(self.res, name, asked.estimate)
-        return Estimated(Admitted(with_estimate(obj, asked.estimate), admitted.warnings), {})
+        estimated = with_opening_cost(with_estimate(obj, asked.estimate))  # billing quoted it
+        return Estimated(Admitted(estimated, admitted.warnings), {})
 
     def _traced(self, obj: Any) -> Any:
         """A Job or Sweep carries the trace of its create, which the controllers continue (ADR-0032)."""
