@@ -141,6 +141,12 @@ async def test_a_lost_member_restarts_the_whole_gang(make_rig: Callable[..., Any
     async with make_rig(lambda s: HANG if s.attempt_no == 1 else QUICK, nodes=4) as rig:
         await rig.submit("lost", backoffLimit=0, **gang(2))
         first = await eventually(running_gang(rig, "lost", 1), message="the first gang never ran")
+
+        async def assembled() -> bool:  # the scheduler has both starts: only an assembled gang restores
+            ones = [m for m in await members(rig, "lost") if m.spec.attempt == 1 and m.status.start_time]
+            return len(ones) == 2
+
+        await eventually(assembled, message="the scheduler never recorded the first gang's starts")
         rig.fleet.go_silent(first[1].node)  # rank 1's node vanishes
         job = await phase(rig, "lost", "Succeeded", deadline_s=45)
         assert (job.status.failed, job.status.attempts) == (0, 2)  # infrastructure: backoffLimit untouched
