@@ -9,6 +9,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
+from nats.errors import MaxPayloadError
 
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
@@ -310,3 +311,27 @@ async def test_a_bucket_without_atomic_batches_still_takes_concurrent_creates(nc
         c.metadata.uid for c in second
     ]
     await nc.jetstream().delete_stream(f"KV_{bucket}")
+
+
+async def test_a_value_too_large_with_its_headers_is_refused_and_the_connection_stays(
+    jobs: ObjectStore[Job], nc: NATS, unique: str
+) -> None:
+    """nats-server bounds headers and payload together; nats-py checks the payload alone, and a write over
+    the bound with its headers made the server close the connection (every request in flight on it
+    failed). A value that leaves less than HEADER_ROOM is refused before it is sent."""
+    small = await jobs.create(job(unique, "a"))
+
+    def padded(pad: str) -> Job:
+        meta = msgspec.structs.replace(small.metadata, annotations={"pad": pad})
+        return msgspec.structs.replace(small, metadata=meta)
+
+    # 10 bytes under max_payload by itself, over it with the write's headers.
+    big = padded("x" * (nc.max_payload - len(msgspec.json.encode(padded(""))) - 10))
+    assert len(msgspec.json.encode(big)) < nc.max_payload
+    with pytest.raises(MaxPayloadError):
+        await jobs.update(big)
+    named_b = msgspec.structs.replace(big, metadata=msgspec.structs.replace(big.metadata, name="b"))
+    with pytest.raises(MaxPayloadError):
+        await jobs.create(named_b)
+    assert nc.is_connected
+    assert (await jobs.get(unique, "a")) == small  # nothing written, and the store still answers

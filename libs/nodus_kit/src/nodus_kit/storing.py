@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
-from nats.errors import NoRespondersError
+from nats.errors import MaxPayloadError, NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
@@ -45,6 +45,12 @@ CREATE_SETTLE_S = 5.0
 SETTLE_BACKOFF = Backoff(base=0.005, cap=0.1)
 """The pauses between the reads of such a create: short, as the write is proposed and shows in ms."""
 PUBLISH_TIMEOUT_S = 5.0  # as nats-py's JetStreamContext: a write the stream does not ack by then failed
+HEADER_ROOM = 512
+"""The most a write's headers take (compare-and-set, op, a batch's id and sequence: under 200 bytes), with
+room to spare. nats-server bounds a message's headers and payload together by ``max_payload``; nats-py
+checks the payload alone, and a message over the bound with its headers makes the server close the
+connection, failing every request in flight on it. A value that leaves less room is refused before it
+is sent (:func:`_fits`)."""
 MAX_CREATE_BATCH = 128
 """Creates committed together at most (nats-server takes up to 1,000 messages in an atomic batch)."""
 BATCHES_IN_FLIGHT = 2
@@ -78,6 +84,13 @@ class _PubAck(msgspec.Struct):
 
 
 _pub_ack = msgspec.json.Decoder(_PubAck)
+
+
+def _fits(nc: NATS, data: bytes) -> None:
+    """Raise nats-py's MaxPayloadError for a value that, with its write's headers, the server would refuse
+    by closing the connection (see :data:`HEADER_ROOM`)."""
+    if len(data) + HEADER_ROOM > nc.max_payload:
+        raise MaxPayloadError
 
 
 async def _js_publish(nc: NATS, subject: str, data: bytes, headers: dict[str, str], timeout: float) -> int:
@@ -138,6 +151,7 @@ class _Creates:
         self.batches = itertools.count(1)
 
     async def create(self, key: str, data: bytes) -> int:
+        _fits(self.store.nc, data)  # one too large must not fail the batch it would be in
         if not self.atomic:
             return await self.store._publish(key, data, last=0, op="create")
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -396,6 +410,7 @@ class ObjectStore(Generic[T]):
             return self._with_rv(final, seq)
 
     async def _publish(self, key: str, data: bytes, *, last: int, op: str) -> int:
+        _fits(self.nc, data)
         headers = _write_headers(last, op)
         try:
             seq = await _js_publish(self.nc, self.prefix + key, data, headers, PUBLISH_TIMEOUT_S)
