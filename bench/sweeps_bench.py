@@ -19,6 +19,14 @@ Measured, each round:
   fleet), from a cell's Succeeded to the creation of the cell that takes its slot (sweep controller), and
   the CPU each process spent, this one (the observer) included.
 
+Then the same rounds with billing in the loop, on a nats-server of their own: the scheduler funds every
+run (``NODUS_FUNDING=on``) and billing (``python -m nodus_billing``, starting credits of a million
+dollars) holds, meters, captures and writes each cell's ``status.cost``, each round's Sweep in a project
+of its own. That server's ``max_payload`` is 8 MB, as docs/billing.md tells an operator to set it for a
+project of more than about 1,000 runs: at 1 MiB a 1,000-cell Sweep fills its project's book to within a
+few hundred bytes of the limit (docs/benchmarks.md). Its row is context, against the rate without
+billing: the path a user with billing takes.
+
 Then the same rounds on an R3 cluster of three nats-servers (every bucket at three replicas, each server
 ``sync_interval: always``), against the single server's best rate of the same run (issue #23: at least
 60%). Each process's CPU per cell is a row of its own: 500 cells/s on 2 cores leaves 4 ms for all of them.
@@ -45,6 +53,7 @@ from pathlib import Path
 from typing import Final
 
 import msgspec
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
@@ -71,12 +80,17 @@ MAX_PARALLEL: Final = 200
 FLOOR: Final = 500.0  # cells per second on 2 cores, issue #23's target (issue #8's was 200)
 R3_TARGET: Final = 0.6  # the R3 cluster's rate against the single server's, issue #23
 NS: Final = "bench"
+BILLED: Final = "billed"
+"""The billed rounds' namespaces (projects), one each: ``billed0``, ``billed1``, ... A project's billing book
+holds about 1,000 runs (docs/billing.md): a second 1,000-cell Sweep in the same project is not funded."""
+BILLED_SERVER: Final = "max_payload: 8MB"
+"""The billed rounds' nats-server: room for a book of 1,000 runs and more (docs/billing.md)."""
 ROUNDS: Final = 3
 DEADLINE_S: Final = 240.0
 IN_FLIGHT: Final = 64
 
 
-def _sweep(name: str) -> Sweep:
+def _sweep(name: str, ns: str = NS) -> Sweep:
     body = {
         "maxParallel": MAX_PARALLEL,
         "matrix": {
@@ -95,7 +109,7 @@ def _sweep(name: str) -> Sweep:
         },
     }
     sweep = Sweep(
-        metadata=ObjectMeta(name=name, namespace=NS, generation=1), spec=msgspec.convert(body, SweepSpec)
+        metadata=ObjectMeta(name=name, namespace=ns, generation=1), spec=msgspec.convert(body, SweepSpec)
     )
     return default_sweep(sweep)
 
@@ -154,18 +168,18 @@ class Run:
     sweep_bytes: int  # the finished Sweep as stored
 
 
-async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run:
+async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path, ns: str = NS) -> Run:
     sweeps = ObjectStore(nc, "sweeps", Sweep)
-    tap = Tap(prefix=f"$KV.jobs.{NS}.{name}-")
+    tap = Tap(prefix=f"$KV.jobs.{ns}.{name}-")
     sub = await nc.subscribe("$KV.>", cb=tap.on_msg, pending_msgs_limit=1_000_000)
     seq0 = await stored_messages(nc)
     cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
     own0 = time.process_time()
     try:
-        async with sweeps.watch(NS, name=name) as w:
+        async with sweeps.watch(ns, name=name) as w:
             tap.counting = True
             start = time.perf_counter()
-            await sweeps.create(_sweep(name))
+            await sweeps.create(_sweep(name, ns))
             while True:
                 left = DEADLINE_S - (time.perf_counter() - start)
                 if left <= 0:
@@ -184,7 +198,7 @@ async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run
     cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
     cpu["bench (observer)"] = time.process_time() - own0
     seq1 = await stored_messages(nc)
-    job = await ObjectStore(nc, "jobs", Job).get(NS, f"{name}-0")
+    job = await ObjectStore(nc, "jobs", Job).get(ns, f"{name}-0")
     return Run(
         seconds=end - start,
         last_created_s=max(tap.created.values()) - start,
@@ -197,18 +211,18 @@ async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path) -> Run
     )
 
 
-async def _ready(nc: NATS, logs: Path) -> None:
-    """Every node registered and both controllers leading: the clock must not time their start-up."""
+async def _ready(nc: NATS, logs: Path, leaders: tuple[str, ...]) -> None:
+    """Every node registered and every controller leading: the clock must not time their start-up."""
     nodes = ObjectStore(nc, "nodes", Node)
-    leases = [Lease(nc, name, "probe") for name in ("scheduler", "sweep-controller")]
+    leases = [Lease(nc, name, "probe") for name in leaders]
     deadline = time.monotonic() + 60
     while True:
         holders = [await lease.current_holder() for lease in leases]
-        if len((await nodes.list()).items) >= NODES and holders == ["bench", "bench"]:
+        if len((await nodes.list()).items) >= NODES and all(h == "bench" for h in holders):
             return
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"the fleet, the scheduler or the sweep controller did not start:\n{_tails(logs)}"
+                f"the fleet or a controller ({', '.join(leaders)}) did not start:\n{_tails(logs)}"
             )
         await asyncio.sleep(0.2)  # polling against a deadline, not synchronisation
 
@@ -249,8 +263,19 @@ class Bus:
 
 async def run(n: int) -> list[Result]:
     """``n`` is the number of raw writes per baseline (the Sweep's size is the issue's: 1,000 cells)."""
+    runs, baselines = await _single_server_rounds(n)
+    assert baselines is not None
+    billed, _ = await _single_server_rounds(n, billing=True)
+    r3 = await _cluster_rounds(n)
+    return _report(runs, *baselines, r3, billed)
+
+
+async def _single_server_rounds(
+    n: int, *, billing: bool = False
+) -> tuple[list[Run], tuple[float, float] | None]:
+    """The rounds on a nats-server of their own (the baselines with the rounds without billing)."""
     with (
-        NatsServer(auth=bus_auth()) as server,
+        NatsServer(auth=bus_auth(), extra_config=BILLED_SERVER if billing else "") as server,
         tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir,
     ):
         assert server.proc is not None, "the nats-server is started"
@@ -261,10 +286,7 @@ async def run(n: int) -> list[Result]:
             {"nats-server": server.proc.pid},
             1,
         )
-        runs, baselines = await _rounds(bus, Path(tmp_dir), n)
-    assert baselines is not None
-    r3 = await _cluster_rounds(n)
-    return _report(runs, *baselines, r3)
+        return await _rounds(bus, Path(tmp_dir), n, baselines=not billing, billing=billing)
 
 
 async def _cluster_rounds(n: int) -> list[Run]:
@@ -289,10 +311,12 @@ async def _cluster_rounds(n: int) -> list[Run]:
 
 
 async def _rounds(
-    bus: Bus, tmp: Path, n: int, *, baselines: bool = True
+    bus: Bus, tmp: Path, n: int, *, baselines: bool = True, billing: bool = False
 ) -> tuple[list[Run], tuple[float, float] | None]:
     """The fleet, the scheduler and the sweep controller on ``bus``, ROUNDS Sweeps one after another, and
-    (``baselines``) raw kv.put of a cell Job's size, sequential and IN_FLIGHT at once, on the same bus."""
+    (``baselines``) raw kv.put of a cell Job's size, sequential and IN_FLIGHT at once, on the same bus.
+    ``billing``: billing too, funding every run (its holds, meter and cost writes), each round's Sweep in
+    a project of its own (:data:`BILLED`)."""
     nc = await connect(bus.url, "bench", nkey_seed=bus.harness_seed)
     await declaring.ensure(nc.jetstream(), replicas=bus.replicas)
     env = {"NODUS_NATS_URL": bus.url, "NODUS_LOG_LEVEL": "WARNING", "NODUS_REPLICA": "bench"}
@@ -307,7 +331,7 @@ async def _rounds(
         ),
         "scheduler": spawn(
             ["-m", "nodus_scheduler"],
-            {**env, **bus.credential("scheduler"), "NODUS_FUNDING": "off"},
+            {**env, **bus.credential("scheduler"), "NODUS_FUNDING": "on" if billing else "off"},
             tmp / "scheduler.log",
             profiled=True,
         ),
@@ -318,13 +342,19 @@ async def _rounds(
             profiled=True,
         ),
     }
+    if billing:
+        credits = {"NODUS_STARTING_CREDITS_USD": "1000000"}
+        procs["billing"] = spawn(
+            ["-m", "nodus_billing"], {**env, **bus.credential("billing"), **credits}, tmp / "billing.log"
+        )
     try:
-        await _ready(nc, tmp)
+        await _ready(nc, tmp, ("scheduler", "sweep-controller", *(("billing",) if billing else ())))
         pids = {**{name: p.pid for name, p in procs.items()}, **bus.pids}
         runs = []
         for round_no in range(ROUNDS):
-            runs.append(await _measure(nc, f"noop-{round_no}", pids, tmp))
-            await _delete(nc, f"noop-{round_no}", tmp)
+            ns = f"{BILLED}{round_no}" if billing else NS
+            runs.append(await _measure(nc, f"noop-{round_no}", pids, tmp, ns))
+            await _delete(nc, f"noop-{round_no}", tmp, ns)
         raw = None
         if baselines:
             raw = (
@@ -338,15 +368,24 @@ async def _rounds(
     return runs, raw
 
 
-async def _delete(nc: NATS, name: str, logs: Path) -> None:
+async def _delete(nc: NATS, name: str, logs: Path, ns: str = NS) -> None:
     """Delete the Sweep and wait for the controller to delete its cells, so rounds do not overlap."""
-    await ObjectStore(nc, "sweeps", Sweep).delete(NS, name)
+    await ObjectStore(nc, "sweeps", Sweep).delete(ns, name)
     jobs = ObjectStore(nc, "jobs", Job)
     deadline = time.monotonic() + 60
-    while (await jobs.list(NS, selector=Selector.equals({SWEEP_LABEL: name}), limit=1)).items:
+    while await _cells_left(jobs, ns, name):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the cells of {name} were not deleted in 60 s:\n{_tails(logs)}")
         await asyncio.sleep(0.2)  # polling against a deadline, not synchronisation
+
+
+async def _cells_left(jobs: ObjectStore[Job], ns: str, name: str) -> bool:
+    """Whether a cell of the Sweep is still stored; a list that timed out (the server busy with the
+    deletions and, in the billed rounds, billing's book) says yes: asked again."""
+    try:
+        return bool((await jobs.list(ns, selector=Selector.equals({SWEEP_LABEL: name}), limit=1)).items)
+    except nats.errors.TimeoutError:
+        return True
 
 
 def _latencies(tap: Tap) -> tuple[float, float]:
@@ -358,9 +397,14 @@ def _latencies(tap: Tap) -> tuple[float, float]:
     return run * 1000, (statistics.median(refill) * 1000 if refill else 0.0)
 
 
-def _report(runs: list[Run], sequential: float, concurrent: float, r3: list[Run]) -> list[Result]:
+def _report(
+    runs: list[Run], sequential: float, concurrent: float, r3: list[Run], billed: list[Run]
+) -> list[Result]:
     rates = [CELLS / r.seconds for r in runs]
     for r in runs:
+        _describe(r)
+    print("sweeps, with billing in the loop (a project each round):")
+    for r in billed:
         _describe(r)
     print("sweeps, on an R3 cluster of three nats-servers:")
     for r in r3:
@@ -389,6 +433,7 @@ def _report(runs: list[Run], sequential: float, concurrent: float, r3: list[Run]
             rate,
             R3_TARGET,
         ),
+        *_billed_rows(billed, rate),
         Result(writes, f"raw kv.put of a cell Job ({m.job_bytes:,} B), sequential", kv_rate, sequential),
         Result(writes, f"raw kv.put of a cell Job, {IN_FLIGHT} in flight", kv_rate, concurrent),
         Result(
@@ -399,6 +444,22 @@ def _report(runs: list[Run], sequential: float, concurrent: float, r3: list[Run]
             concurrent,
         ),
         *_cpu_rows(m),
+    ]
+
+
+def _billed_rows(billed: list[Run], rate: float) -> list[Result]:
+    """The path a user with billing takes: the same Sweep with every run funded, against the rate without
+    billing, and billing's CPU per cell (context: no target of its own)."""
+    b = max(billed, key=lambda r: CELLS / r.seconds)
+    cpu = ", ".join(f"{k} {v / CELLS * 1000:.2f}" for k, v in sorted(b.cpu.items(), key=lambda kv: -kv[1]))
+    return [
+        Result(
+            f"the same Sweep with billing in the loop (holds, meter, cost; a project each round), best of "
+            f"{ROUNDS} (cells/s; CPU ms a cell: {cpu})",
+            "the single server's rate above, without billing",
+            CELLS / b.seconds,
+            rate,
+        )
     ]
 
 
