@@ -30,6 +30,19 @@ RESYNCS_S = 3.5
 """Three resyncs of the rig's billing (NODUS_RESYNC_S=1), and half of one more: the deadline's unit."""
 
 
+async def _hold(rig: Any, job: Job, attempt: str) -> HoldReply:
+    """A hold for the Job's run ``attempt``, asked as the scheduler asks it (funding ten minutes ahead)."""
+    ask = HoldRequest(
+        namespace="t",
+        job=job.metadata.name or "",
+        job_uid=job.metadata.uid or "",
+        attempt=attempt,
+        rate_micros_per_hour=RATE,
+        window_millis=600_000,
+    )
+    return await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)
+
+
 def _suspend(job: Job) -> Job:
     return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, phase="Suspended"))
 
@@ -68,15 +81,7 @@ async def test_a_suspended_job_at_rest_reads_no_book_and_a_hold_for_it_is_still_
         # A hold placed for it anyway (a scheduler that decided before the suspend): no longer at rest, and
         # its Attempt never comes, so the meter releases it past the orphan grace, long before its funding
         # (ten minutes) runs out and the expiry loop would look.
-        ask = HoldRequest(
-            namespace="t",
-            job="idle",
-            job_uid=created.metadata.uid or "",
-            attempt="idle-never-created",
-            rate_micros_per_hour=RATE,
-            window_millis=600_000,
-        )
-        reply = await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)
+        reply = await _hold(rig, created, "idle-never-created")
         assert reply.ok and reply.hold_micros > 0
         await eventually(
             lambda: not metering.settled(billing.views.jobs.get("t", "idle") or job),
@@ -140,15 +145,7 @@ async def test_a_job_that_never_ran_stays_out_of_the_book_until_its_first_hold(
         assert billing.metering.books.commits == 0, "nothing to commit for a Job that never ran"
         assert ref not in (await Books(rig.nc).read("t")).jobs
 
-        ask = HoldRequest(
-            namespace="t",
-            job="idle",
-            job_uid=created.metadata.uid or "",
-            attempt="idle-a1",
-            rate_micros_per_hour=RATE,
-            window_millis=600_000,
-        )
-        reply = await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)
+        reply = await _hold(rig, created, "idle-a1")
         assert reply.ok and reply.hold_micros > 0
         state = await Books(rig.nc).read("t")
         assert ref in state.jobs and state.holds["idle-a1"].job == ref
