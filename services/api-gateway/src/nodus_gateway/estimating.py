@@ -154,10 +154,12 @@ def with_estimate(obj: Any, estimate: Estimate) -> Any:
     return msgspec.structs.replace(obj, status=status)
 
 
-def with_opening_cost(obj: Any) -> Any:
-    """A Job that billing quoted, with the ``status.cost`` billing writes first for a Job nothing was held
-    for (``nodus_schema.costs.opening_cost``): the create answers it at once, and billing, finding it
-    stored, has nothing to write until the Job's first hold. Other kinds are left as they are."""
+def quoted(obj: Any, estimate: Estimate) -> Any:
+    """What a create stores once the scheduler and billing answered: ``obj`` with its estimate and, for a
+    Job, the ``status.cost`` billing writes first for a Job nothing was held for
+    (``nodus_schema.costs.opening_cost``): the create answers it at once, and billing, finding it stored,
+    has nothing to write until the Job's first hold."""
+    obj = with_estimate(obj, estimate)
     if not isinstance(obj, Job) or obj.status.cost is not None:
         return obj
     status = msgspec.structs.replace(obj.status, cost=opening_cost(obj.spec.max_cost_usd))

@@ -50,14 +50,7 @@ from nodus_gateway.admitting import (
 )
 from nodus_gateway.authorizing import authorize, visible_namespaces
 from nodus_gateway.deleting import delete_object, delete_options
-from nodus_gateway.estimating import (
-    COMPUTE_KINDS,
-    ask,
-    estimable,
-    estimate_for,
-    with_estimate,
-    with_opening_cost,
-)
+from nodus_gateway.estimating import COMPUTE_KINDS, ask, estimable, estimate_for, quoted, with_estimate
 from nodus_gateway.patching import PatchApplyError, PatchDecodeError, json_patch, merge_patch
 from nodus_gateway.querying import (
     DryRunQ,
@@ -358,8 +351,7 @@ class _Routes:
             return Estimated(Admitted(obj, (*admitted.warnings, warning)), {})
         if asked.estimate.blocking_reasons:
             raise _refusal(self.res, name, asked.estimate)
-        estimated = with_opening_cost(with_estimate(obj, asked.estimate))  # billing quoted it
-        return Estimated(Admitted(estimated, admitted.warnings), {})
+        return Estimated(Admitted(quoted(obj, asked.estimate), admitted.warnings), {})
 
     def _traced(self, obj: Any) -> Any:
         """A Job or Sweep carries the trace of its create, which the controllers continue (ADR-0032)."""
