@@ -25,6 +25,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_kit.informing import Informer
 from nodus_kit.keying import Event
+from nodus_kit.leasing import Lease
 from nodus_kit.servicing import Settings
 from nodus_kit.storing import ObjectStore
 from nodus_schema.costs import Cost
@@ -55,10 +56,20 @@ async def controller(nats_url: str, nc: NATS) -> AsyncIterator[SweepsService]:
     svc.nc = nc
     await svc.start()
     try:
+        # A controller of an earlier test killed on this bus may still hold the lease until its TTL runs
+        # out: what the tests time starts once this replica leads, not while it waits its turn.
+        lease = Lease(nc, "sweep-controller", "ownership")
+        await eventually(
+            lambda: _holds(lease), deadline_s=45, message="the test's controller never took the lease"
+        )
         yield svc
     finally:
         svc.stopping.set()
         await svc.stop()
+
+
+async def _holds(lease: Lease) -> bool:
+    return await lease.current_holder() == "ownership"
 
 
 class Rig:
@@ -334,8 +345,10 @@ async def test_a_same_named_sweep_never_adopts_an_earlier_ones_cell(
     labels = {SWEEP_LABEL: "again", CELL_LABEL: "0"}
     old = await rig.create_job("again-0", labels, [ref("again", "0d1d-earlier-uid")])
     await rig.finish("again-0", units="99999", cost="0.000001")
+    # The new Sweep is there before the controller's first pass: a controller that saw the old cell with
+    # no Sweep of its name would collect it, as the Sweep's garbage (the last test).
+    sweep = await rig.create_sweep("again", ["a", "b"])
     async with controller(nats_url, nc):
-        sweep = await rig.create_sweep("again", ["a", "b"])
         await eventually(
             lambda: _controlled_name(rig, "again-1", sweep), deadline_s=20, message="cell 1 is created"
         )
