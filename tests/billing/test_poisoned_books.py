@@ -31,6 +31,7 @@ from nats.aio.client import Client as NATS
 from nodus_billing import books as books_module
 from nodus_billing import holding
 from nodus_billing.accounting import fold, post
+from nodus_billing.archiving import Archive
 from nodus_billing.books import REPAIRED, Book, Books
 from nodus_billing.holding import Capture, Charge, Grant, Op, PlaceHold, PutBudget, PutJob, decode, encode
 from nodus_billing.metering import Metering, Terms
@@ -477,8 +478,12 @@ async def test_after_the_poison_the_projects_jobs_are_funded_and_the_gone_jobs_h
         assert spent > 0
 
         async def released() -> State:
+            # Released, then filed out of the book with the deleted Job's other settled runs (filing).
             state: State = await billing.books.read("t")
-            assert state.holds["gone-0-1"].status == "Released", state.holds["gone-0-1"]
+            assert "gone-0-1" not in state.holds, state.holds.get("gone-0-1")
+            assert any("gone-0-1" in j.filed for j in state.jobs.values())
+            filed = await Archive(rig.nc).holds("t")
+            assert filed["gone-0-1"].status == "Released", filed.get("gone-0-1")
             return state
 
         state = await eventually(released, deadline_s=20, message="the deleted Job's hold is released")

@@ -39,6 +39,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from nodus_billing.accounting import fold
+from nodus_billing.archiving import Archive
 from nodus_billing.books import Books
 from nodus_kit import permitting
 from nodus_kit.connecting import connect
@@ -360,7 +361,8 @@ async def _exactly_once(nc: NATS, creations: Creations, status: dict[str, Any]) 
 
     state = await Books(nc).read(NS)
     assert fold(state.ledger.values()) == state.balances and sum(state.balances.values()) == 0
-    assert len(state.holds) == CELLS and all(h.status == "Captured" for h in state.holds.values())
+    runs = await Archive(nc).runs(NS, state)  # filed out of the book once final (issue #23)
+    assert len(runs) == CELLS and all(h.status == "Captured" for h in runs.values())
 
     js = nc.jetstream()
     last = (await js.stream_info("NODUS_REPORTS")).state.last_seq

@@ -246,7 +246,7 @@ def expected(user: str) -> set[str]:
             | {f"ask:{HOLD_SUBJECT}", f"serve:{ESTIMATE_SUBJECT}"}
         )
     if user == "billing":
-        writes = ("accounts", "funding", "budgets", "jobs")
+        writes = ("accounts", "history", "funding", "budgets", "jobs")
         return (
             own
             | _rights("write", *writes)

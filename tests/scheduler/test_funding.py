@@ -21,9 +21,11 @@ import msgspec
 import pytest
 
 from nodus_billing.accounting import fold
+from nodus_billing.archiving import Archive
 from nodus_billing.books import Books
 from nodus_billing.holding import encode
 from nodus_billing.metering import job_ref
+from nodus_billing.standing import Hold
 from nodus_kit import messaging
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import Attempt
@@ -67,6 +69,23 @@ async def book_ok(rig: Any, project: str) -> Any:
     return state
 
 
+async def filed_book(rig: Any, project: str) -> Any:
+    """The project's book once every settled run is filed out of it (issue #23): no hold left but open
+    ones, the ledger folding as ever."""
+
+    async def filed() -> Any:
+        state = await book_ok(rig, project)
+        assert all(h.status == "Open" for h in state.holds.values()), state.holds
+        return state
+
+    return await eventually(filed, deadline_s=20, message="the settled runs are filed out of the book")
+
+
+async def runs_of(rig: Any, project: str, state: Any) -> dict[str, Hold]:
+    """Every run's hold: those filed (the history bucket) and those in the book ``state``."""
+    return await Archive(rig.nc).runs(project, state)
+
+
 async def test_a_run_is_held_before_it_starts_and_charged_exactly_once(make_rig: Callable[..., Any]) -> None:
     async with make_rig(funding=True) as rig:
         await rig.start_billing(NODUS_STARTING_CREDITS_USD="10", **TERMS)
@@ -82,10 +101,12 @@ async def test_a_run_is_held_before_it_starts_and_charged_exactly_once(make_rig:
         want = sum(expected_micros(a) for a in attempts)
         assert usd_to_micros(job.status.cost.total_usd or "0") == want
         assert job.status.cost.held_usd == "0.00"
-        state = await book_ok(rig, "t")
+        state = await filed_book(rig, "t")
         ref = job_ref("once", job.metadata.uid)
-        assert {h.job for h in state.holds.values()} == {ref}
-        assert all(h.status == "Captured" for h in state.holds.values()), "every hold resolved"
+        holds = await runs_of(rig, "t", state)
+        assert {h.job for h in holds.values()} == {ref} and len(holds) == len(attempts)
+        assert all(h.status == "Captured" for h in holds.values()), "every hold resolved"
+        assert sorted(state.jobs[ref].filed) == sorted(holds), "filed out of the book, ids kept"
 
         # The same finish report delivered three more times (new message ids, past the dedup window):
         # nothing more is charged.
@@ -309,20 +330,20 @@ async def test_killing_billing_twenty_times_during_200_completions_charges_every
         assert usd_to_micros(job.status.cost.total_usd or "0") == want, (
             "status.cost exact to the micro-dollar"
         )
-        state = await book_ok(rig, "t")
-        holds = {h: hold for h, hold in state.holds.items()}
+        state = await filed_book(rig, "t")
+        holds = await runs_of(rig, "t", state)
         assert set(holds) == {a.metadata.name for a in attempts}, "every run was funded by its own hold"
         assert all(h.status == "Captured" and h.usage is not None for h in holds.values()), (
             "each resolved once"
         )
         assert sum(h.charged_micros for h in holds.values()) == want, "no double charge, nothing lost"
         assert state.balances["project:t:available"] == 100_000_000 - want
-        # The book stays small: a finished run leaves its hold record and one netted entry, no results.
-        assert sorted(e for e in state.ledger if e.startswith("hold:")) == sorted(
-            f"hold:{h}:settled" for h in holds
-        )
+        # The book stays small: a finished run leaves its id and what it charged on its Job's record
+        # (filed, issue #23): no hold record, no entry of its own, no results.
+        assert not [e for e in state.ledger if e.startswith("hold:")]
+        assert state.balances["project:t:filed"] == want
         assert not [k for k in state.results if k.startswith("hold:")]
-        assert len(encode(state)) < 1024 * len(holds), "under 1 KB per run"
+        assert len(encode(state)) < 4096 + 64 * len(holds), "a few bytes per run"
 
 
 async def test_a_run_lost_with_its_capacity_shows_what_it_cost_and_the_work_lost_on_the_job(
@@ -411,6 +432,10 @@ async def test_a_settled_job_costs_the_meter_one_read_however_often_it_comes_bac
             return job
 
         job = await eventually(final, deadline_s=30, message="the Job succeeds and its cost is final")
+        # And its runs filed out of the book (issue #23), as billing's view of the books shows.
+        await eventually(
+            lambda: not billing.views.unfiled("t", "done"), deadline_s=10, message="its runs are filed"
+        )
         metering = billing.metering
         lists, reads = 0, 0
         list_attempts, read_book = metering.attempts.list, metering.books.read

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from nodus_billing.archiving import Archive
 from nodus_billing.books import Books
 from nodus_kit import messaging
 from nodus_schema.billing import USAGE_SUBJECT, UsageReply, UsageRequest
@@ -59,7 +60,7 @@ async def test_a_run_lost_with_its_node_is_charged_until_its_last_heartbeat_and_
         assert finished - lost.status.billing_stop_ms >= 14_000, "the loss is seen a heartbeat grace later"
 
         state = await Books(rig.nc).read("t")
-        hold = state.holds[first.metadata.name or ""]
+        hold = (await Archive(rig.nc).runs("t", state))[first.metadata.name or ""]  # filed or not (#23)
         assert hold.usage is not None
         rate = first.spec.rate_micros_per_hour
         program = int(parse_time(lost.status.start_time or "").timestamp() * 1000)

@@ -25,6 +25,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from nodus_agent.simulating import FleetSettings, SimulatedFleet
+from nodus_billing.archiving import Archive
 from nodus_billing.books import Books
 from nodus_billing.service import BillingService
 from nodus_kit import declaring, messaging
@@ -101,7 +102,8 @@ async def _run_sweep(nc: NATS, project: str, spec: SweepSpec) -> list[Attempt]:
 async def _paid(nc: NATS, project: str) -> int:
     """What the project's Sweep cells were charged, once no hold of them is open (micro-dollars)."""
     state = await Books(nc).read(project)
-    cells = [h for h in state.holds.values() if h.job.startswith("grid-")]
+    runs = await Archive(nc).runs(project, state)  # filed out of the book once final (issue #23)
+    cells = [h for h in runs.values() if h.job.startswith("grid-")]
     assert len(cells) == CELLS, f"{len(cells)} holds of cells"
     assert all(h.status != "Open" for h in cells), "a hold is still open"
     return sum(h.charged_micros for h in cells)
@@ -159,6 +161,7 @@ async def test_a_sweep_with_a_scaledown_window_starts_two_cold_and_costs_less(tm
                 await eventually(lambda: _started(nc, other), deadline_s=30, message="nodes never came free")
                 paid_warm = await eventually(lambda: _paid(nc, "warm"), deadline_s=60)
                 warm_book = await Books(nc).read("warm")
+                warm_runs = await Archive(nc).runs("warm", warm_book)  # filed ones too (issue #23)
         finally:
             await fleet.stop()
             await nc.close()
@@ -176,7 +179,7 @@ async def test_a_sweep_with_a_scaledown_window_starts_two_cold_and_costs_less(tm
     assert reused.spec.warm_from and reused.status.placement and reused.status.placement.warm_reuse
 
     # The window is paid by the Job that kept the node, as Teardown.
-    teardown = sum(h.usage.segments.get("Teardown", 0) for h in warm_book.holds.values() if h.usage)
+    teardown = sum(h.usage.segments.get("Teardown", 0) for h in warm_runs.values() if h.usage)
     assert teardown > 0
     # Cheaper with the window, as the estimate said before anything ran.
     assert paid_warm < paid_cold, (micros_to_usd(paid_warm), micros_to_usd(paid_cold))

@@ -102,6 +102,7 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket("attempts", "Attempts: one run of one index on one node (owner: scheduler)"),
     Bucket("nodes", "Node records of registered agents (owner: node-agent)"),
     Bucket("accounts", "Billing books, one per project: credits, holds, caps, the ledger (owner: billing)"),
+    Bucket("history", "Settled runs filed out of the billing books, one record per Job (owner: billing)"),
     Bucket("funding", "Funding of each Job: blocked (MaxCostReached, ...) or not (owner: billing)"),
     Bucket("budgets", "Budget objects: monthly limits per project (owner: api-gateway; billing enforces)"),
     Bucket("leases", "Leader-election leases of controller replicas", msg_ttl=True),

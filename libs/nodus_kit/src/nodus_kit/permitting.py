@@ -175,8 +175,8 @@ SCHEDULER = Access(
 )
 BILLING = Access(
     "books, holds, funding, Budget status, status.cost of Jobs; quotes, holds and accounts (serves)",
-    writes=("accounts", FUNDING_BUCKET, "budgets", "jobs"),
-    lists=("accounts", FUNDING_BUCKET, "budgets", "jobs", "sweeps", "attempts", "pipelines"),
+    writes=("accounts", "history", FUNDING_BUCKET, "budgets", "jobs"),
+    lists=("accounts", "history", FUNDING_BUCKET, "budgets", "jobs", "sweeps", "attempts", "pipelines"),
     keys=(("leases", "billing"),),
     durables=(Durable(REPORTS, "billing", "nodus.report.>"),),
     publishes=("nodus.events.>",),  # BookRepaired (nodus_billing.repairing)

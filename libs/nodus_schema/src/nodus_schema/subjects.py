@@ -78,6 +78,7 @@ KV_TYPES: Final[dict[str, tuple[str, Any]]] = {
     "attempts": ("Attempt", Attempt),
     "nodes": ("Node", Node),
     "accounts": ("BillingBook", None),
+    "history": ("BillingHistory", None),
     "funding": ("Funding", Funding),
     "budgets": ("Budget", Budget),
     "leases": ("LeaseRecord", None),

@@ -65,6 +65,29 @@ def post(ledger: dict[str, Entry], balances: dict[str, int], entries: Iterable[E
     return posted
 
 
+def retract(ledger: dict[str, Entry], balances: dict[str, int], entry_id: str) -> Entry | None:
+    """Take an entry out of ``ledger`` and its move out of ``balances`` (in place); the entry, or None.
+    Only for entries whose move is posted again in another form at the same time (a running entry's new
+    total, a filed run's move into its project's filed account), so the ledger keeps folding to the
+    balances."""
+    entry = ledger.pop(entry_id, None)
+    if entry is not None:
+        _move(
+            balances,
+            Entry(id=entry.id, source=entry.target, target=entry.source, amount_micros=entry.amount_micros),
+        )
+    return entry
+
+
+def accrue(ledger: dict[str, Entry], balances: dict[str, int], entry: Entry) -> None:
+    """Add ``entry``'s amount to the running entry of its id (the same accounts), or post it as the first."""
+    running = retract(ledger, balances, entry.id)
+    amount = entry.amount_micros + (running.amount_micros if running is not None else 0)
+    post(
+        ledger, balances, [Entry(id=entry.id, source=entry.source, target=entry.target, amount_micros=amount)]
+    )
+
+
 def balance(balances: Mapping[str, int], account: str) -> int:
     """One ledger account's balance (zero for an account no entry has touched)."""
     return balances.get(account, 0)

@@ -33,7 +33,9 @@ from nodus_billing.accounting import (
     post,
     spend_account,
 )
-from nodus_billing.pipelining import PutPipeline as PutPipeline  # an operation of the book, as the rest
+from nodus_billing.filing import File as File  # operations of the book, as the rest
+from nodus_billing.filing import file_holds, filed_conflict, filed_refusal
+from nodus_billing.pipelining import PutPipeline as PutPipeline
 from nodus_billing.pipelining import put_pipeline, stage_refusal
 from nodus_billing.standing import (
     BOOK_MAX_MICROS,
@@ -172,6 +174,7 @@ Op = (
     | Capture
     | Release
     | Expire
+    | File
 )
 
 
@@ -202,6 +205,8 @@ def op_id(op: Op) -> str:
             return f"hold:{op.hold_id}:release"
         case Expire():
             return f"expire:{op.now_ms}"
+        case File():
+            return f"file:{op.job}"
 
 
 _REMEMBERED: Final = (Grant, Revoke, PlaceHold, Capture, Release, Expire)
@@ -219,7 +224,8 @@ def apply(state: State, op: Op, *, copy: bool = True) -> tuple[State, Result, li
     An operation id applied before returns its first result, the same state and no entries. A refusal
     is not remembered: asked again (after a cap was raised, credits granted) it is judged again.
     Once a hold resolves, its entries are netted into one and its results dropped (:func:`_settle`), so
-    the state grows by one hold record and one entry per run; any later operation on it is a Conflict.
+    the state grows by one hold record and one entry per run, until the Job is final or gone and its runs
+    are filed out of the book (``filing``); any later operation on it is a Conflict.
     """
     key = op_id(op)
     if key in state.results:
@@ -464,6 +470,8 @@ def _place_hold(state: State, op: PlaceHold, key: str) -> _Handled:
     job = state.jobs.get(op.job)
     if job is None:
         return _refuse(key, NOT_FOUND, f"job {op.job} is not known to billing", "put the Job first"), []
+    if op.hold_id in job.filed:
+        return filed_conflict(op.job, op.hold_id, key), []
     month = month_of(op.at_ms)
     refusal = _does_not_fit(state, key, op.job, job, job.labels, month, op.amount_micros)
     if refusal is not None:
@@ -568,6 +576,7 @@ _HANDLERS: Final[Mapping[type[Any], Callable[[State, Any, str], _Handled]]] = {
     Capture: _capture,
     Release: _release,
     Expire: _expire,
+    File: file_holds,
 }
 
 
@@ -641,7 +650,8 @@ def _resolve(state: State, hold_id: str, hold: Hold, status: HoldStatus, rest: i
 def _open_hold(state: State, hold_id: str, key: str) -> tuple[Hold, Result] | tuple[None, Result]:
     hold = state.holds.get(hold_id)
     if hold is None:
-        return None, _refuse(key, NOT_FOUND, f"hold {hold_id} is not known", "place the hold first")
+        filed = filed_refusal(state, hold_id, key)
+        return None, filed or _refuse(key, NOT_FOUND, f"hold {hold_id} is not known", "place the hold first")
     if hold.status != "Open":
         msg = f"hold {hold_id} is already {hold.status.lower()}"
         return None, _refuse(key, CONFLICT, msg, "place a new hold; a hold resolves once")

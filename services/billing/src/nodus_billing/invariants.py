@@ -31,14 +31,26 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nodus_billing.accounting import CREDITS_ISSUED, Entry, balance, fold, hold_account, spend_account
-from nodus_billing.holding import granted_total
+from nodus_billing.accounting import (
+    CREDITS_ISSUED,
+    Entry,
+    available_account,
+    balance,
+    fold,
+    hold_account,
+    spend_account,
+)
+from nodus_billing.filing import filed_account
+from nodus_billing.holding import copied, granted_total
 from nodus_billing.serving import account_view
 from nodus_billing.standing import (
     CONFLICT,
+    Hold,
     Result,
     State,
     binds,
+    budget_used,
+    caps_over,
     held,
     matches,
     pipeline_of,
@@ -74,16 +86,52 @@ def check_book(
     use_bounds: Mapping[str, int],
     *,
     redefined: frozenset[str] = frozenset(),
+    filed: Mapping[str, Hold] | None = None,
 ) -> None:
     """Every invariant of a project's book; raises :class:`Broken`. ``use_bounds``: per open hold, the
     most its run can have cost so far (nothing is charged ahead of use; an orphan hold's bound is 0).
-    ``redefined``: the limits this operation changed (a Budget put again), whose use is taken as it is."""
+    ``redefined``: the limits this operation changed (a Budget put again), whose use is taken as it is.
+    ``filed``: the holds filed out of the book (the history bucket's records), by id.
+
+    The checks of the runs read the book with its filed holds put back (:func:`unfiled`); the book as it
+    is must fold, and show every reader the same numbers as that whole book (:func:`_filing`)."""
+    whole = unfiled(state, filed or {})
     _ledger(state)
-    _account(state, project, tally)
-    _holds(state, tally, use_bounds)
-    _spend(state)
-    _ceilings(state, tally, redefined)
-    _unbilled(state, tally)
+    if whole is not state:
+        _filing(state, whole, project, filed or {})
+        _ledger(whole)
+    _account(whole, project, tally)
+    _holds(whole, tally, use_bounds)
+    _spend(whole)
+    _ceilings(whole, tally, redefined)
+    _unbilled(whole, tally)
+
+
+def unfiled(state: State, filed: Mapping[str, Hold]) -> State:
+    """The book as it would be had nothing been filed out of it: every filed hold back with its netted
+    entry, the filed totals and the project's running entry of them gone (``filing``). The book itself
+    when nothing was filed."""
+    if not any(job.filed for job in state.jobs.values()):
+        return state
+    whole = copied(state)
+    for entry_id in [e for e, entry in whole.ledger.items() if entry.target.endswith(":filed")]:
+        del whole.ledger[entry_id]
+    for name, job in whole.jobs.items():
+        for hold_id in job.filed:
+            hold = filed.get(hold_id)
+            if hold is None:
+                raise Broken(f"hold {hold_id} is filed by job {name}, but no history record holds it")
+            whole.holds[hold_id] = hold
+            if hold.charged_micros:
+                net = f"hold:{hold_id}:settled"
+                source = available_account(hold.project)
+                whole.ledger[net] = Entry(
+                    id=net, source=source, target=spend_account(name), amount_micros=hold.charged_micros
+                )
+        job.filed, job.filed_months = [], {}
+    whole.filed, whole.filed_covered_micros = {}, 0
+    whole.balances = fold(whole.ledger.values())
+    return whole
 
 
 def check_capture(state: State, hold_id: str, total: int, covered: bool) -> None:
@@ -187,6 +235,45 @@ def _ledger(state: State) -> None:
     below = {a: v for a, v in state.balances.items() if v < 0 and a != CREDITS_ISSUED}
     if below:
         raise Broken(f"accounts below zero: {below}")
+
+
+def _filing(state: State, whole: State, project: str, filed: Mapping[str, Hold]) -> None:
+    """The book with runs filed out of it says what the whole book says: to the account, to every cap
+    and to every Budget; its filed totals are the sums of what its Jobs filed."""
+    months: dict[str, int] = {}
+    for name, job in state.jobs.items():
+        mine = [filed[h] for h in job.filed]
+        charged: dict[str, int] = {}
+        for hold in mine:
+            if hold.status == "Open" or hold.job != name or hold.labels != job.labels:
+                raise Broken(f"job {name} filed hold {hold} (open, another's, or under other labels)")
+            charged[hold.month] = charged.get(hold.month, 0) + hold.charged_micros
+        if {m: v for m, v in charged.items() if v} != job.filed_months:
+            raise Broken(f"job {name} says its filed runs charged {job.filed_months}; they charged {charged}")
+        for month, amount in job.filed_months.items():
+            months[month] = months.get(month, 0) + amount
+        if set(job.filed) & set(state.holds):
+            raise Broken(f"job {name} filed holds the book still has: {set(job.filed) & set(state.holds)}")
+    account = balance(state.balances, filed_account(project))
+    if months != state.filed or account != sum(months.values()):
+        raise Broken(f"the book's filed totals {state.filed} (account {account}) are not its Jobs': {months}")
+    if account_view(project, state) != account_view(project, whole):
+        raise Broken(
+            f"the account reads {account_view(project, state)}; unfiled, {account_view(project, whole)}"
+        )
+    for name in state.jobs:
+        if caps_over(state, name) != caps_over(whole, name):
+            raise Broken(
+                f"job {name}: the caps read {caps_over(state, name)}; unfiled, {caps_over(whole, name)}"
+            )
+    every = {h.month for h in whole.holds.values()}
+    for name, budget in state.budgets.items():
+        for month in every:
+            if budget_used(state, budget, month) != budget_used(whole, budget, month):
+                raise Broken(
+                    f"budget {name} in {month} counts {budget_used(state, budget, month)} µ$; unfiled,"
+                    f" {budget_used(whole, budget, month)}"
+                )
 
 
 def _account(state: State, project: str, tally: Tally) -> None:

@@ -64,8 +64,9 @@ from datetime import UTC, datetime
 import msgspec
 from nats.aio.client import Client as NATS
 
+from nodus_billing.archiving import Archive
 from nodus_billing.books import Books, Planner, Step
-from nodus_billing.holding import Capture, Charge, ExtendHold, Op, Release
+from nodus_billing.holding import Capture, Charge, ExtendHold, File, Op, Release
 from nodus_billing.putting import job_ref as job_ref  # re-exported: the book's names of Jobs
 from nodus_billing.putting import pipeline_ref_of, puts, stored, viewed
 from nodus_billing.putting import sweep_ref_of as sweep_ref_of
@@ -181,6 +182,7 @@ class Metering:
         self.pipelines = ObjectStore(nc, "pipelines", Pipeline)
         self.attempts = ObjectStore(nc, "attempts", Attempt)
         self.funding = ObjectStore(nc, FUNDING_BUCKET, Funding)
+        self.archive = Archive(nc)
         self.views = views
         """The informers the reconcile reads (the service's; None: holds only)."""
         self.requeue = requeue  # the meter's enqueue (a write whose echo the view will not tell)
@@ -201,11 +203,14 @@ class Metering:
         job = views.jobs.get(ns, name)
         if job is None:
             self._rest.pop(key, None)
-            if not views.running(ns, name) and not views.held(ns, name):
-                return None  # deleted with nothing of it held or running: no book to read
+            if not (views.running(ns, name) or views.held(ns, name) or views.unfiled(ns, name)):
+                return None  # deleted with nothing of it held, running or to file: no book to read
             return await self._reconcile(views, key, None, now)
+        if settled(job) and views.unfiled(ns, name):
+            await self._file(views, ns, name, job)  # a pass cut short, or a book older than filing
+            return None
         if self.settled(job):
-            return None  # nothing left to charge, hold or write: no book read (issue #19)
+            return None  # nothing left to charge, hold, write or file: no book read (issue #19)
         # A child of the Job's create, whatever event or tick brought it here (ADR-0032).
         with tracing.object_span("meter Job", job):
             return await self._reconcile(views, key, job, now)
@@ -213,10 +218,10 @@ class Metering:
     def settled(self, job: Job) -> bool:
         """Whether the resync may skip the Job: final, or at rest since the reconcile that found it so
         (see the module's docstring). Called for every stored Job per resync: memory only."""
-        if settled(job):
-            return True
         views = self.views
         key = (job.metadata.namespace or "", job.metadata.name or "")
+        if settled(job):
+            return views is None or not views.unfiled(*key)
         if views is None or self._rest.get(key) != job.metadata.resource_version:
             return False
         return not (views.running(*key) or views.held(*key) or views.blocks(job))
@@ -251,15 +256,37 @@ class Metering:
         if await self._end_unfunded(views, state, attempts, now):
             self.requeue(key, 0.0)  # captured by the next pass
         if job is None:
+            if not _open_holds(state, refs):
+                await self._file(views, ns, name, None, state)
             return self._next(state, refs)
         ref = job_ref(name, job.metadata.uid)
         if booked and ref not in state.jobs:  # refused (a Sweep or Pipeline not known yet): the next pass
             return 1.0  # puts it
         block = await self._fund(views, job, ref, state, attempts, now)
         written = await self._write_cost(views, job, ref, state, attempts)
+        if written is not None and settled(written):
+            await self._file(views, ns, name, written, state)
         quiet = not _open_holds(state, refs) and block is None and not _running(attempts)
         self._rested(key, written, at_rest=quiet)
         return self._next(state, {ref})
+
+    async def _file(
+        self, views: Views, ns: str, name: str, live: Job | None, state: State | None = None
+    ) -> None:
+        """File the settled runs of the Jobs of this name that are final (``live``, its cost written
+        final) or gone out of the book: to the history bucket first, then out of the book (``filing``).
+        A Job still metered keeps its runs in the book: its cost and recovery are read from them."""
+        if state is None:
+            state = await self.books.read(ns, seen=_seen(views, ns))
+        keep = job_ref(name, live.metadata.uid) if live is not None and not settled(live) else None
+        refs = {h.job for h in state.holds.values() if h.status != "Open" and h.job.rsplit("@", 1)[0] == name}
+        ops: list[Step] = []
+        for ref in sorted(refs - {keep}):
+            ids = await self.archive.record(ns, ref, state)
+            if ids:
+                ops.append(File(job=ref, hold_ids=ids))
+        if ops:
+            await self.books.apply(ns, ops)
 
     def _rested(self, key: Key, job: Job | None, *, at_rest: bool) -> None:
         """Remember (or forget) that this revision of the Job needs nothing until something changes: no

@@ -324,6 +324,8 @@ class _Glance(Wire):
     budgets: dict[str, Budget] = msgspec.field(default_factory=dict)
     holds: dict[str, Hold] = msgspec.field(default_factory=dict)
     balances: dict[str, int] = msgspec.field(default_factory=dict)
+    filed: dict[str, int] = msgspec.field(default_factory=dict)
+    """What the book's filed runs charged by month (``filing``): project-wide Budgets count it."""
 
 
 class _GlanceBook(Wire):
@@ -390,7 +392,7 @@ class QuoteReads:
         except errors.NotFound:
             return self.books.opening(project)  # no book yet: the starting credits it opens with
         g = book.state
-        state = State(budgets=g.budgets, holds=g.holds, balances=g.balances)
+        state = State(budgets=g.budgets, holds=g.holds, balances=g.balances, filed=g.filed)
         return state if encodable(state) else await self.books.read(project)
 
 

@@ -43,6 +43,7 @@ from nodus_billing.viewing import (
     BY_PIPELINE,
     BY_SWEEP,
     OPEN,
+    UNFILED,
     HoldGlance,
     Views,
     blocked,
@@ -50,6 +51,7 @@ from nodus_billing.viewing import (
     glances,
     labelled,
     open_holds,
+    settled_holds,
 )
 from nodus_billing.warming import WARM_FROM, warm_from
 from nodus_kit.configuring import read_settings
@@ -97,7 +99,11 @@ class BillingService(Service):
                 ObjectStore(bus, "sweeps", Sweep), indexers={BY_PIPELINE: controlled_by("Pipeline")}
             ),
             funding=Informer(ObjectStore(bus, FUNDING_BUCKET, Funding), indexers={BLOCKED: blocked}),
-            books=Informer(glances(bus), indexers={OPEN: open_holds}, name="billing:holds"),
+            books=Informer(
+                glances(bus),
+                indexers={OPEN: open_holds, UNFILED: settled_holds},
+                name="billing:holds",
+            ),
             pipelines=Informer(ObjectStore(bus, "pipelines", Pipeline)),
         )
         budgets = Informer(ObjectStore(bus, "budgets", Budget))
@@ -157,7 +163,16 @@ class BillingService(Service):
         self._sweep_specs.clear()
         self._pipeline_specs.clear()
         self._open.clear()
-        await asyncio.gather(self.meter.run(), self.budgeter.run(), self._expire())
+        await asyncio.gather(self.meter.run(), self.budgeter.run(), self._expire(), self._file_backlog())
+
+    async def _file_backlog(self) -> None:
+        """The Jobs whose settled runs a book still holds (a book written before filing, a pass cut short
+        by a crash) are looked at once when this replica leads: the meter files them if they are final or
+        gone. From then on it files each Job's runs in the pass that finds it final or gone."""
+        await self.views.books.synced.wait()
+        for value in sorted(self.views.books.index_values(UNFILED)):
+            project, _, job = value.partition("/")
+            self.meter.enqueue((project, job))
 
     async def _expire(self) -> None:
         """The safety net under the meter: a hold nobody extended for an hour past its funding (its Job and

@@ -18,20 +18,23 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from nats.aio.client import Client as NATS
 
-from nodus_billing.accounting import CREDITS_ISSUED, balance, spend_account
+from nodus_billing.accounting import CREDITS_ISSUED
+from nodus_billing.archiving import Archive
 from nodus_billing.books import Books
 from nodus_billing.holding import Grant, Op, PlaceHold, Revoke
 from nodus_billing.metering import Metering, now_ms
 from nodus_billing.putting import job_ref
 from nodus_billing.standing import (
     INTERNAL,
+    Hold,
     State,
     available,
+    job_spent,
     month_of,
     project_held,
     room_for,
@@ -221,6 +224,7 @@ class Accounts:
     def __init__(self, books: Books, requeue_project: Any = None) -> None:
         self.books = books
         self.requeue_project = requeue_project or (lambda project: None)
+        self.archive = Archive(books.nc)
 
     @guarded("read the account")
     async def account(self, req: AccountRequest) -> AccountView:
@@ -254,19 +258,20 @@ class Accounts:
     @guarded("read the usage")
     async def usage(self, req: UsageRequest) -> UsageReply:
         state = await self.books.read(req.project)
-        return UsageReply(project=req.project, rows=usage_rows(state, req.project, req.month))
+        rows = usage_rows(state, req.project, req.month, await self.archive.runs(req.project, state))
+        return UsageReply(project=req.project, rows=rows)
 
 
 def account_view(project: str, state: State) -> AccountView:
     refs = [r for r, job in state.jobs.items() if job.project == project]
-    spent = sum(balance(state.balances, spend_account(r)) for r in refs)
+    spent = sum(job_spent(state, r) for r in refs)
     granted = sum(
         e.amount_micros if e.source == CREDITS_ISSUED else -e.amount_micros
         for e in state.ledger.values()
         if CREDITS_ISSUED in (e.source, e.target)
         and project in (_project_of(e.source), _project_of(e.target))
     )
-    covered = sum(
+    covered = state.filed_covered_micros + sum(
         sum(h.usage.covered.values()) for h in state.holds.values() if h.project == project and h.usage
     )
     return AccountView(
@@ -285,10 +290,14 @@ def _project_of(account: str) -> str | None:
     return parts[1] if len(parts) == 3 and parts[0] == "project" else None
 
 
-def usage_rows(state: State, project: str, month: str | None) -> list[UsageRow]:
-    """One row per captured hold (one Attempt's run), oldest first."""
+def usage_rows(
+    state: State, project: str, month: str | None, runs: Mapping[str, Hold] | None = None
+) -> list[UsageRow]:
+    """One row per captured hold (one Attempt's run), oldest first. ``runs``: every run's hold, those
+    filed out of the book included (``Archive.runs``); by default the book's."""
     rows: list[UsageRow] = []
-    for hold in sorted(state.holds.values(), key=lambda h: (h.placed_ms, h.usage.attempt if h.usage else "")):
+    holds = state.holds if runs is None else runs
+    for hold in sorted(holds.values(), key=lambda h: (h.placed_ms, h.usage.attempt if h.usage else "")):
         if hold.project != project or hold.usage is None or (month and hold.month != month):
             continue
         u = hold.usage

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from nodus_billing.holding import Capture, Charge, Expire, ExtendHold, Op, PlaceHold, PutJob, Release
+from nodus_billing.filing import fileable
+from nodus_billing.holding import Capture, Charge, Expire, ExtendHold, File, Op, PlaceHold, PutJob, Release
 from nodus_billing.invariants import Broken, check_capture
 from nodus_billing.metering import MIN_RECHECK_MS, STAMP_MS, Terms, funded_until
 from nodus_billing.segmenting import NODUS_FAULTS, billed_millis_of, charged, usage_ms, usage_of
-from nodus_billing.standing import Result, State, binding_cap, held, month_of, room_for, siblings
+from nodus_billing.standing import Hold, Result, State, binding_cap, held, month_of, room_for, siblings
 from nodus_schema.attempts import Attempt, AttemptSpec, AttemptStatus
 from nodus_schema.holds import hold_micros, minimum_hold_micros, resume_micros, stop_margin_ms
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
@@ -95,6 +96,8 @@ class World:
     def __init__(self, rng: random.Random, terms: Terms, now_ms: int, projects: tuple[str, ...]) -> None:
         self.rng, self.terms, self.now = rng, terms, now_ms
         self.books = {p: State() for p in projects}
+        self.filed: dict[str, dict[str, Hold]] = {p: {} for p in projects}
+        """Per project, the holds filed out of its book: the history bucket's records."""
         self.jobs: dict[str, SimJob] = {}
         self.runs: dict[str, Run] = {}
         self.requeued: dict[str, None] = {}
@@ -282,6 +285,10 @@ class World:
         open_ = [h for h in self.books[job.project].holds.values() if h.job == job.ref and h.status == "Open"]
         if not open_:
             job.next_look_ms = None
+            # A done Job's runs are filed out of the book (Metering._file), at this pass or a later one
+            # (a pass cut short): decided by the clock, not the seed's stream, so every seed draws as before.
+            if job.done and self.now % 3:
+                self.file(job)
             return
         margin = self.terms.margin_ms
         due = min(
@@ -289,6 +296,16 @@ class World:
             for h in open_
         )
         job.next_look_ms = self.now + max(MIN_RECHECK_MS, min(self.terms.tick_ms, due - self.now))
+
+    def file(self, job: SimJob) -> None:
+        """The history record written, then its holds filed out of the book (Metering._file)."""
+        state = self.books[job.project]
+        record = state.jobs.get(job.ref)
+        holds = {h: hold for h, hold in state.holds.items() if record and fileable(hold, job.ref, record)}
+        if holds:
+            self.filed[job.project].update(holds)
+            self._apply(job.project, File(job=job.ref, hold_ids=sorted(holds)))
+            self.counts["jobs filed"] += 1
 
     def _tick(self, project: str, run: Run) -> None:
         hold = self.books[project].holds[run.hold_id]

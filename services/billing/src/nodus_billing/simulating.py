@@ -207,11 +207,10 @@ class _Simulation(World):
             if first is not None and first.ok and before is not None:
                 check_replay(before, encode(new), posted, first, result)
             self._tally(project, op, result, bool(posted), fresh, charged_before)
-            redefined = frozenset(
-                f"budget:{op.name}:{h.month}" for h in new.holds.values() if isinstance(op, PutBudget)
-            )
+            months = {h.month for h in new.holds.values()} | set(new.filed)
+            redefined = frozenset(f"budget:{op.name}:{m}" for m in months if isinstance(op, PutBudget))
             tally, bounds = self.tallies[project], self.use_bounds(new)
-            check_book(new, project, tally, bounds, redefined=redefined)
+            check_book(new, project, tally, bounds, redefined=redefined, filed=self.filed[project])
         except Broken as e:
             self._fail(op, str(e))
         self.counts[f"{type(op).__name__} {'ok' if result.ok else result.code}"] += 1

@@ -91,6 +91,16 @@ class Job(Wire):
     pipeline: str | None = None
     """The Pipeline a Job stage belongs to directly (its controller ownerReference). A cell has none here:
     its Pipeline is its Sweep's (:func:`pipeline_of`). Never changes."""
+    filed: list[str] = msgspec.field(default_factory=list)
+    """The holds of the Job filed out of the book (``filing``): their records are in the history bucket,
+    their ids stay here, so an operation on one of them delivered late is a Conflict, never a new hold."""
+    filed_months: dict[str, int] = msgspec.field(default_factory=dict)
+    """What the filed holds charged, by the month they were placed in (the Job's spent beyond its spend
+    account, and what its Budgets count of them)."""
+
+    @property
+    def filed_micros(self) -> int:
+        return sum(self.filed_months.values())
 
 
 class Usage(Wire):
@@ -178,6 +188,12 @@ class State(Wire):
     """The result of every applied operation id: what makes a replay return the same answer."""
     repairs: list[Repair] = msgspec.field(default_factory=list)
     """What billing changed in this book because it could not hold it (the latest :data:`MAX_REPAIRS`)."""
+    filed: dict[str, int] = msgspec.field(default_factory=dict)
+    """What every filed hold of the book charged, by month (``filing``): the sum over its Jobs'
+    ``filed_months``, kept whole so that a quote, which reads no Jobs, counts them under project-wide
+    Budgets."""
+    filed_covered_micros: int = 0
+    """What Nodus covered of the filed holds' runs (the account's unbilled counts it)."""
 
 
 # --- reading the state -------------------------------------------------------------------------------
@@ -204,8 +220,9 @@ def project_held(state: State, project: str) -> int:
 
 
 def job_spent(state: State, job: str) -> int:
-    """What a Job has been charged."""
-    return balance(state.balances, spend_account(job))
+    """What a Job has been charged: its spend account, and what its filed holds charged."""
+    record = state.jobs.get(job)
+    return balance(state.balances, spend_account(job)) + (record.filed_micros if record else 0)
 
 
 def job_held(state: State, job: str) -> int:
@@ -313,11 +330,25 @@ def binding_cap(state: State, job_name: str, room: int) -> Level | None:
 
 
 def budget_used(state: State, budget: Budget, month: str) -> int:
-    """What the holds counted in ``month`` that match the budget reserve or have been charged."""
-    return sum(
+    """What the holds counted in ``month`` that match the budget reserve or have been charged: those in
+    the book, and those filed (by the labels of their Job; every one of the book's, for a Budget without a
+    selector)."""
+    booked = sum(
         hold.charged_micros + held(state, h)
         for h, hold in state.holds.items()
         if hold.project == budget.project and hold.month == month and matches(budget.selector, hold.labels)
+    )
+    return booked + filed_used(state, budget, month)
+
+
+def filed_used(state: State, budget: Budget, month: str) -> int:
+    """What the filed holds of ``month`` that a Budget counts charged (``filing``)."""
+    if not budget.selector:
+        return state.filed.get(month, 0)
+    return sum(
+        job.filed_months.get(month, 0)
+        for job in state.jobs.values()
+        if job.project == budget.project and job.filed_months and matches(budget.selector, job.labels)
     )
 
 

@@ -12,6 +12,8 @@ dicts instead of listing a namespace per Job. The indexes answer the meter's que
   kind Pipeline, within the namespace): the stages a Pipeline's new cap concerns, and through the Sweep
   stages, their cells (issue #22). The Pipelines themselves are read by the uid the reference names;
 * funding records that block their Job, by project (``BLOCKED``): what a grant or a Budget may unblock;
+* the books' settled holds by Job (``UNFILED``): the Jobs, final or gone, whose runs the meter files out of
+  the book into the history bucket (``filing``, ``archiving``);
 * the books' open holds by Job (``OPEN``): a light view of the ``accounts`` bucket that decodes each book's
   holds and skips its ledger (:class:`BookGlance`). It answers "is anything of this Job held?" for the
   meter's rest rule (:meth:`nodus_billing.metering.Metering.settled`) and lists the holds the expiry loop
@@ -46,6 +48,7 @@ BY_SWEEP = "sweep"
 BY_PIPELINE = "pipeline"
 BLOCKED = "blocked"
 OPEN = "open"
+UNFILED = "unfiled"
 
 
 def in_namespace(namespace: str | None, name: str) -> str:
@@ -114,6 +117,17 @@ def open_holds(book: BookGlance) -> Iterable[str]:
     return {in_namespace(project, h.job.rsplit("@", 1)[0]) for h in book.open_holds()}
 
 
+def settled_holds(book: BookGlance) -> Iterable[str]:
+    """A book filed under every Job (by name, whichever uid) that has a settled hold in it: what the meter
+    files out of the book once the Job is final or gone (``filing``)."""
+    project = book.metadata.name or ""
+    return {
+        in_namespace(project, h.job.rsplit("@", 1)[0])
+        for h in book.state.holds.values()
+        if h.status != "Open"
+    }
+
+
 @dataclass(frozen=True)
 class Views:
     """The informers the meter reads; started by its controller (and the service, for the ones no
@@ -145,6 +159,11 @@ class Views:
         if not self.books.synced.is_set():
             return True
         return bool(self.books.by_index(OPEN, in_namespace(namespace, job)))
+
+    def unfiled(self, namespace: str | None, job: str) -> bool:
+        """Whether a book holds a settled hold of a Job of this name (any uid): one to file. Unsure (the
+        view not listed yet) counts as not: the view's listing brings every such Job back (``Metering``)."""
+        return bool(self.books.by_index(UNFILED, in_namespace(namespace, job)))
 
     def blocks(self, job: Job) -> bool:
         """Whether billing blocks this Job (its funding record, of its uid). Unsure counts as blocked."""
