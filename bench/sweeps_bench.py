@@ -21,11 +21,12 @@ Measured, each round:
 
 Then the same rounds with billing in the loop, on a nats-server of their own: the scheduler funds every
 run (``NODUS_FUNDING=on``) and billing (``python -m nodus_billing``, starting credits of a million
-dollars) holds, meters, captures and writes each cell's ``status.cost``, each round's Sweep in a project
-of its own. That server's ``max_payload`` is 8 MB, as docs/billing.md tells an operator to set it for a
-project of more than about 1,000 runs: at 1 MiB a 1,000-cell Sweep fills its project's book to within a
-few hundred bytes of the limit (docs/benchmarks.md). Its row is context, against the rate without
-billing: the path a user with billing takes.
+dollars) holds, meters, captures and writes each cell's ``status.cost``, every round's Sweep in the one
+project ``billed``, on a nats-server with the default ``max_payload`` (1 MiB). Before issue #23's filing a
+1,000-cell Sweep filled its project's book to within a few hundred bytes of that and the next one was not
+funded; now a finished Job's runs are filed out of the book and a deleted Job's record is forgotten, so
+the three rounds' 3,000 runs share one book, whose size after each round is in the row. Its row is
+context, against the rate without billing: the path a user with billing takes.
 
 Then the same rounds on an R3 cluster of three nats-servers (every bucket at three replicas, each server
 ``sync_interval: always``), against the single server's best rate of the same run (issue #23: at least
@@ -81,10 +82,7 @@ FLOOR: Final = 500.0  # cells per second on 2 cores, issue #23's target (issue #
 R3_TARGET: Final = 0.6  # the R3 cluster's rate against the single server's, issue #23
 NS: Final = "bench"
 BILLED: Final = "billed"
-"""The billed rounds' namespaces (projects), one each: ``billed0``, ``billed1``, ... A project's billing book
-holds about 1,000 runs (docs/billing.md): a second 1,000-cell Sweep in the same project is not funded."""
-BILLED_SERVER: Final = "max_payload: 8MB"
-"""The billed rounds' nats-server: room for a book of 1,000 runs and more (docs/billing.md)."""
+"""The billed rounds' namespace (project): every round's Sweep, one after another, in one billing book."""
 ROUNDS: Final = 3
 DEADLINE_S: Final = 240.0
 IN_FLIGHT: Final = 64
@@ -166,6 +164,7 @@ class Run:
     cpu: dict[str, float]  # process -> CPU seconds during the run
     job_bytes: int  # a finished cell Job as stored
     sweep_bytes: int  # the finished Sweep as stored
+    book_bytes: int = 0  # the billed project's billing book as stored, once the round's Sweep ended
 
 
 async def _measure(nc: NATS, name: str, pids: dict[str, int], logs: Path, ns: str = NS) -> Run:
@@ -275,7 +274,7 @@ async def _single_server_rounds(
 ) -> tuple[list[Run], tuple[float, float] | None]:
     """The rounds on a nats-server of their own (the baselines with the rounds without billing)."""
     with (
-        NatsServer(auth=bus_auth(), extra_config=BILLED_SERVER if billing else "") as server,
+        NatsServer(auth=bus_auth()) as server,
         tempfile.TemporaryDirectory(prefix="nodus-bench-") as tmp_dir,
     ):
         assert server.proc is not None, "the nats-server is started"
@@ -315,8 +314,8 @@ async def _rounds(
 ) -> tuple[list[Run], tuple[float, float] | None]:
     """The fleet, the scheduler and the sweep controller on ``bus``, ROUNDS Sweeps one after another, and
     (``baselines``) raw kv.put of a cell Job's size, sequential and IN_FLIGHT at once, on the same bus.
-    ``billing``: billing too, funding every run (its holds, meter and cost writes), each round's Sweep in
-    a project of its own (:data:`BILLED`)."""
+    ``billing``: billing too, funding every run (its holds, meter and cost writes), every round's Sweep in
+    the one project :data:`BILLED`."""
     nc = await connect(bus.url, "bench", nkey_seed=bus.harness_seed)
     await declaring.ensure(nc.jetstream(), replicas=bus.replicas)
     env = {"NODUS_NATS_URL": bus.url, "NODUS_LOG_LEVEL": "WARNING", "NODUS_REPLICA": "bench"}
@@ -352,8 +351,10 @@ async def _rounds(
         pids = {**{name: p.pid for name, p in procs.items()}, **bus.pids}
         runs = []
         for round_no in range(ROUNDS):
-            ns = f"{BILLED}{round_no}" if billing else NS
+            ns = BILLED if billing else NS
             runs.append(await _measure(nc, f"noop-{round_no}", pids, tmp, ns))
+            if billing:
+                runs[-1].book_bytes = await _book_bytes(nc, ns)
             await _delete(nc, f"noop-{round_no}", tmp, ns)
         raw = None
         if baselines:
@@ -366,6 +367,12 @@ async def _rounds(
             stop(p, grace_s=10)
         await nc.close()
     return runs, raw
+
+
+async def _book_bytes(nc: NATS, project: str) -> int:
+    """The size of the project's billing book as stored (one KV message: docs/billing.md)."""
+    msg = await nc.jetstream().get_msg("KV_accounts", subject=f"$KV.accounts._.{project}")
+    return len(msg.data or b"")
 
 
 async def _delete(nc: NATS, name: str, logs: Path, ns: str = NS) -> None:
@@ -403,9 +410,10 @@ def _report(
     rates = [CELLS / r.seconds for r in runs]
     for r in runs:
         _describe(r)
-    print("sweeps, with billing in the loop (a project each round):")
+    print("sweeps, with billing in the loop (one project, every round):")
     for r in billed:
         _describe(r)
+    print(f"sweeps, billed: the book after each round {', '.join(f'{r.book_bytes:,}' for r in billed)} bytes")
     print("sweeps, on an R3 cluster of three nats-servers:")
     for r in r3:
         _describe(r)
@@ -452,10 +460,11 @@ def _billed_rows(billed: list[Run], rate: float) -> list[Result]:
     billing, and billing's CPU per cell (context: no target of its own)."""
     b = max(billed, key=lambda r: CELLS / r.seconds)
     cpu = ", ".join(f"{k} {v / CELLS * 1000:.2f}" for k, v in sorted(b.cpu.items(), key=lambda kv: -kv[1]))
+    books = ", ".join(f"{r.book_bytes / 1000:,.0f} kB" for r in billed)
     return [
         Result(
-            f"the same Sweep with billing in the loop (holds, meter, cost; a project each round), best of "
-            f"{ROUNDS} (cells/s; CPU ms a cell: {cpu})",
+            f"the same Sweep with billing in the loop (holds, meter, cost; every round in one project, "
+            f"its book after each {books}), best of {ROUNDS} (cells/s; CPU ms a cell: {cpu})",
             "the single server's rate above, without billing",
             CELLS / b.seconds,
             rate,

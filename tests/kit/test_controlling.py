@@ -138,6 +138,33 @@ async def test_resync_finds_what_no_event_announced(nc: NATS, unique: str) -> No
         await ctl.for_.stop()
 
 
+async def test_orphans_are_queued_at_start_and_at_every_resync(nc: NATS, unique: str) -> None:
+    """Keys of objects gone from the informer that left work behind (``orphans``): walked from memory
+    with the objects not settled, so a gone object's work survives a crash and a new leader."""
+    jobs = ObjectStore(nc, "jobs", Job)
+    seen: list[Key] = []
+    left = [(unique, "gone")]
+
+    async def reconcile(key: Key) -> float | None:
+        seen.append(key)
+        return None
+
+    ctl = Controller(
+        "test", reconcile, Informer(jobs, namespace=unique), orphans=lambda: left, workers=1, resync_s=0.2
+    )
+    task = asyncio.create_task(ctl.run())
+    try:
+        await eventually(lambda: seen.count((unique, "gone")) >= 2, message="the orphan was not queued again")
+        left.clear()  # its work done: the walks stop queueing it
+        done, resyncs = len(seen), ctl.resyncs
+        await eventually(lambda: ctl.resyncs >= resyncs + 2, message="no resync")
+        assert len(seen) <= done + 1, "queued again after it was no orphan any more"
+    finally:
+        await ctl.stop()
+        await task
+        await ctl.for_.stop()
+
+
 async def test_a_run_cancelled_during_its_grace_leaves_no_reconcile_running(nc: NATS, unique: str) -> None:
     """A lost lease cancels the leader's task, maybe twice (once to stop, once more while it drains):
     run() must not return while a worker still reconciles, or two leaders would write at once."""

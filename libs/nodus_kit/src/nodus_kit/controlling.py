@@ -104,6 +104,9 @@ class Controller:
     owns: Sequence[Watched] = ()
     watches: Sequence[Watched] = ()
     settled: Callable[[Any], bool] = never
+    orphans: Callable[[], Iterable[Key]] | None = None
+    """Keys of objects gone from ``for_`` that left work behind where no owned object shows it (billing's
+    book records of deleted Jobs): queued with the walk, at start and at every resync, from memory."""
     workers: int = 4
     resync_s: float = 30.0
     stop_grace_s: float = 5.0
@@ -162,6 +165,8 @@ class Controller:
                 for key in source.mapper(Event("MODIFIED", owned, 0)):
                     if self.for_.get(*key) is None:
                         self.queue.add(key)
+        for key in self.orphans() if self.orphans is not None else ():
+            self.queue.add(key)
 
     # -- running -------------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -25,16 +25,20 @@ from typing import Any, Final
 import msgspec
 
 from nodus_billing.accounting import (
-    CREDITS_ISSUED,
     Entry,
     available_account,
-    balance,
     hold_account,
     post,
     spend_account,
 )
-from nodus_billing.filing import File as File  # operations of the book, as the rest
+from nodus_billing.crediting import Grant as Grant  # operations of the book, as the rest
+from nodus_billing.crediting import Revoke as Revoke
+from nodus_billing.crediting import grant, revoke
+from nodus_billing.crediting import granted_total as granted_total
+from nodus_billing.filing import File as File
 from nodus_billing.filing import file_holds, filed_conflict, filed_refusal
+from nodus_billing.forgetting import Forget as Forget
+from nodus_billing.forgetting import forget_job
 from nodus_billing.pipelining import PutPipeline as PutPipeline
 from nodus_billing.pipelining import put_pipeline, stage_refusal
 from nodus_billing.standing import (
@@ -69,18 +73,6 @@ from nodus_schema.quantities import micros_to_usd
 from nodus_schema.wire import Wire
 
 # --- operations --------------------------------------------------------------------------------------
-
-
-class Grant(Wire, tag=True, tag_field="op"):
-    grant_id: str
-    project: str
-    amount_micros: int
-
-
-class Revoke(Wire, tag=True, tag_field="op"):
-    revoke_id: str
-    project: str
-    amount_micros: int
 
 
 class PutBudget(Wire, tag=True, tag_field="op"):
@@ -175,6 +167,7 @@ Op = (
     | Release
     | Expire
     | File
+    | Forget
 )
 
 
@@ -207,6 +200,8 @@ def op_id(op: Op) -> str:
             return f"expire:{op.now_ms}"
         case File():
             return f"file:{op.job}"
+        case Forget():
+            return f"forget:{op.job}"
 
 
 _REMEMBERED: Final = (Grant, Revoke, PlaceHold, Capture, Release, Expire)
@@ -343,11 +338,6 @@ def _bounded_usage(usage: Usage) -> Usage:
     )
 
 
-def granted_total(state: State) -> int:
-    """Every credit granted in the book, net of revokes (``credits:issued`` is minus that)."""
-    return -balance(state.balances, CREDITS_ISSUED)
-
-
 def encode(state: State) -> bytes:
     """The state as JSON, for KV."""
     return msgspec.json.encode(state)
@@ -361,34 +351,6 @@ def decode(data: bytes) -> State:
 # --- handlers (mutate the cloned state, return the result and the entries to post) -------------------
 
 _Handled = tuple[Result, list[Entry]]
-
-
-def _grant(state: State, op: Grant, key: str) -> _Handled:
-    if op.amount_micros <= 0:
-        return _refuse(key, INVALID, f"grant of {op.amount_micros} µ$", "grant a positive amount"), []
-    total = granted_total(state)
-    if total + op.amount_micros > BOOK_MAX_MICROS:
-        msg = (
-            f"project {op.project} has {_usd(total)} granted; {_usd(op.amount_micros)} more passes"
-            f" {_usd(BOOK_MAX_MICROS)}, the most a billing book holds"
-        )
-        fix = f"grant at most {_usd(max(BOOK_MAX_MICROS - total, 0))}, or revoke credits first"
-        return _refuse(key, INVALID, msg, fix), []
-    return Result(op_id=key), [_entry(key, CREDITS_ISSUED, available_account(op.project), op.amount_micros)]
-
-
-def _revoke(state: State, op: Revoke, key: str) -> _Handled:
-    if op.amount_micros <= 0:
-        return _refuse(key, INVALID, f"revoke of {op.amount_micros} µ$", "revoke a positive amount"), []
-    free = available(state, op.project)
-    if op.amount_micros > free:
-        # Credits that holds reserve or that were spent are never revoked: that could take a balance below
-        # what running work was promised.
-        msg = f"project {op.project} has {_usd(free)} not held; cannot revoke {_usd(op.amount_micros)}"
-        return _refuse(
-            key, INSUFFICIENT_CREDITS, msg, f"revoke at most {_usd(free)}, or release holds first"
-        ), []
-    return Result(op_id=key), [_entry(key, available_account(op.project), CREDITS_ISSUED, op.amount_micros)]
 
 
 def _put_budget(state: State, op: PutBudget, key: str) -> _Handled:
@@ -430,6 +392,7 @@ def _put_sweep(state: State, op: PutSweep, key: str) -> _Handled:
             max_cost_micros=op.max_cost_micros,
             generation=op.generation,
             pipeline=op.pipeline,
+            forgotten_micros=old.forgotten_micros if old else 0,  # its deleted cells' spend stays
         )
     return Result(op_id=key), []
 
@@ -448,15 +411,19 @@ def _put_job(state: State, op: PutJob, key: str) -> _Handled:
         if sweep is None or sweep.project != op.project:
             msg = f"sweep {op.sweep} is not known in project {op.project}"
             return _refuse(key, NOT_FOUND, msg, "put the Sweep before its cells"), []
-    if old is None or op.generation > old.generation:
-        unbilled = old.unbilled_micros if old else 0
+    if old is not None and op.generation > old.generation:
+        # What it ran beyond its holds and what it filed stay: they are its history, not its spec.
+        labels, cap, generation = dict(op.labels), op.max_cost_micros, op.generation
+        state.jobs[op.name] = msgspec.structs.replace(
+            old, labels=labels, max_cost_micros=cap, generation=generation
+        )
+    elif old is None:
         state.jobs[op.name] = Job(
             project=op.project,
             sweep=op.sweep,
             labels=dict(op.labels),
             max_cost_micros=op.max_cost_micros,
             generation=op.generation,
-            unbilled_micros=unbilled,
             pipeline=op.pipeline,
         )
     return Result(op_id=key), []
@@ -564,8 +531,8 @@ def _expire(state: State, op: Expire, key: str) -> _Handled:
 
 
 _HANDLERS: Final[Mapping[type[Any], Callable[[State, Any, str], _Handled]]] = {
-    Grant: _grant,
-    Revoke: _revoke,
+    Grant: grant,
+    Revoke: revoke,
     PutBudget: _put_budget,
     PutPipeline: put_pipeline,
     PutSweep: _put_sweep,
@@ -577,6 +544,7 @@ _HANDLERS: Final[Mapping[type[Any], Callable[[State, Any, str], _Handled]]] = {
     Release: _release,
     Expire: _expire,
     File: file_holds,
+    Forget: forget_job,
 }
 
 

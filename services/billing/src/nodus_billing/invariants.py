@@ -27,9 +27,12 @@ simulator"); ``tests/billing/test_simulator.py`` replays the seeds that showed t
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import msgspec
 
 from nodus_billing.accounting import (
     CREDITS_ISSUED,
@@ -41,11 +44,13 @@ from nodus_billing.accounting import (
     spend_account,
 )
 from nodus_billing.filing import filed_account
+from nodus_billing.forgetting import row_of
 from nodus_billing.holding import copied, granted_total
 from nodus_billing.serving import account_view
 from nodus_billing.standing import (
     CONFLICT,
     Hold,
+    Job,
     Result,
     State,
     binds,
@@ -54,6 +59,8 @@ from nodus_billing.standing import (
     held,
     matches,
     pipeline_of,
+    pipeline_spent,
+    sweep_spent,
 )
 
 
@@ -87,18 +94,21 @@ def check_book(
     *,
     redefined: frozenset[str] = frozenset(),
     filed: Mapping[str, Hold] | None = None,
+    forgotten: Mapping[str, Job] | None = None,
 ) -> None:
     """Every invariant of a project's book; raises :class:`Broken`. ``use_bounds``: per open hold, the
     most its run can have cost so far (nothing is charged ahead of use; an orphan hold's bound is 0).
     ``redefined``: the limits this operation changed (a Budget put again), whose use is taken as it is.
-    ``filed``: the holds filed out of the book (the history bucket's records), by id.
+    ``filed``: the holds filed out of the book (the history bucket's records), by id; ``forgotten``: the
+    records of the Jobs it forgot, as they were then, by name.
 
-    The checks of the runs read the book with its filed holds put back (:func:`unfiled`); the book as it
-    is must fold, and show every reader the same numbers as that whole book (:func:`_filing`)."""
-    whole = unfiled(state, filed or {})
+    The checks of the runs read the book with its filed holds and forgotten Jobs put back
+    (:func:`unfiled`); the book as it is must fold, and show every reader the same numbers as that whole
+    book (:func:`_filing`)."""
+    whole = unfiled(state, filed or {}, forgotten or {})
     _ledger(state)
     if whole is not state:
-        _filing(state, whole, project, filed or {})
+        _filing(state, whole, project, filed or {}, forgotten or {})
         _ledger(whole)
     _account(whole, project, tally)
     _holds(whole, tally, use_bounds)
@@ -107,13 +117,24 @@ def check_book(
     _unbilled(whole, tally)
 
 
-def unfiled(state: State, filed: Mapping[str, Hold]) -> State:
-    """The book as it would be had nothing been filed out of it: every filed hold back with its netted
-    entry, the filed totals and the project's running entry of them gone (``filing``). The book itself
-    when nothing was filed."""
-    if not any(job.filed for job in state.jobs.values()):
+def unfiled(state: State, filed: Mapping[str, Hold], forgotten: Mapping[str, Job] | None = None) -> State:
+    """The book as it would be had nothing been filed out of it nor forgotten: every forgotten Job's
+    record back (``forgetting``) and the totals it was folded into gone; every filed hold back with its
+    netted entry, the filed totals and the project's running entry of them gone (``filing``). The book
+    itself when nothing was filed."""
+    forgotten = forgotten or {}
+    if not forgotten and not any(job.filed for job in state.jobs.values()):
         return state
     whole = copied(state)
+    for ref, record in forgotten.items():
+        if ref in whole.jobs:
+            raise Broken(f"job {ref} was forgotten, but the book has a record of it again")
+        whole.jobs[ref] = msgspec.convert(msgspec.to_builtins(record), type=Job)
+    for sweep in whole.sweeps.values():
+        sweep.forgotten_micros = 0
+    for pipeline in whole.pipelines.values():
+        pipeline.forgotten_micros = 0
+    whole.forgotten, whole.forgotten_unbilled_micros = [], 0
     for entry_id in [e for e, entry in whole.ledger.items() if entry.target.endswith(":filed")]:
         del whole.ledger[entry_id]
     for name, job in whole.jobs.items():
@@ -237,11 +258,14 @@ def _ledger(state: State) -> None:
         raise Broken(f"accounts below zero: {below}")
 
 
-def _filing(state: State, whole: State, project: str, filed: Mapping[str, Hold]) -> None:
-    """The book with runs filed out of it says what the whole book says: to the account, to every cap
-    and to every Budget; its filed totals are the sums of what its Jobs filed."""
+def _filing(
+    state: State, whole: State, project: str, filed: Mapping[str, Hold], forgotten: Mapping[str, Job]
+) -> None:
+    """The book with runs filed out of it and Jobs forgotten says what the whole book says: to the
+    account, to every cap and to every Budget; its filed totals are the sums of what its Jobs filed, its
+    forgotten rows what its forgotten Jobs spent."""
     months: dict[str, int] = {}
-    for name, job in state.jobs.items():
+    for name, job in [*state.jobs.items(), *forgotten.items()]:
         mine = [filed[h] for h in job.filed]
         charged: dict[str, int] = {}
         for hold in mine:
@@ -252,7 +276,7 @@ def _filing(state: State, whole: State, project: str, filed: Mapping[str, Hold])
             raise Broken(f"job {name} says its filed runs charged {job.filed_months}; they charged {charged}")
         for month, amount in job.filed_months.items():
             months[month] = months.get(month, 0) + amount
-        if set(job.filed) & set(state.holds):
+        if set(job.filed) & set(state.holds):  # (a forgotten Job has none in the book: forget refuses)
             raise Broken(f"job {name} filed holds the book still has: {set(job.filed) & set(state.holds)}")
     account = balance(state.balances, filed_account(project))
     if months != state.filed or account != sum(months.values()):
@@ -261,6 +285,26 @@ def _filing(state: State, whole: State, project: str, filed: Mapping[str, Hold])
         raise Broken(
             f"the account reads {account_view(project, state)}; unfiled, {account_view(project, whole)}"
         )
+    rows: dict[str, tuple[dict[str, int], int]] = {}
+    for job in forgotten.values():
+        key = json.dumps(row_of(job.labels), sort_keys=True)
+        got, n = rows.get(key, ({}, 0))
+        for month, amount in job.filed_months.items():
+            got[month] = got.get(month, 0) + amount
+        rows[key] = (got, n + 1)
+    kept = {json.dumps(r.labels, sort_keys=True): (r.months, r.jobs) for r in state.forgotten}
+    if kept != rows or len(kept) != len(state.forgotten):
+        raise Broken(f"the book's forgotten rows {state.forgotten} are not its forgotten Jobs': {rows}")
+    for name in state.sweeps:
+        if sweep_spent(state, name) != sweep_spent(whole, name):
+            raise Broken(
+                f"sweep {name} spent {sweep_spent(state, name)}; unfiled, {sweep_spent(whole, name)}"
+            )
+    for name in state.pipelines:
+        if pipeline_spent(state, name) != pipeline_spent(whole, name):
+            raise Broken(
+                f"pipeline {name} spent {pipeline_spent(state, name)}; unfiled, {pipeline_spent(whole, name)}"
+            )
     for name in state.jobs:
         if caps_over(state, name) != caps_over(whole, name):
             raise Broken(

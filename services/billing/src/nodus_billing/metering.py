@@ -66,7 +66,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.archiving import Archive
 from nodus_billing.books import Books, Planner, Step
-from nodus_billing.holding import Capture, Charge, ExtendHold, File, Op, Release
+from nodus_billing.holding import Capture, Charge, ExtendHold, File, Forget, Op, Release
 from nodus_billing.putting import job_ref as job_ref  # re-exported: the book's names of Jobs
 from nodus_billing.putting import pipeline_ref_of, puts, stored, viewed
 from nodus_billing.putting import sweep_ref_of as sweep_ref_of
@@ -203,8 +203,8 @@ class Metering:
         job = views.jobs.get(ns, name)
         if job is None:
             self._rest.pop(key, None)
-            if not (views.running(ns, name) or views.held(ns, name) or views.unfiled(ns, name)):
-                return None  # deleted with nothing of it held, running or to file: no book to read
+            if not (views.running(ns, name) or views.held(ns, name) or views.booked(ns, name)):
+                return None  # deleted with nothing of it held, running or in a book: no book to read
             return await self._reconcile(views, key, None, now)
         if settled(job) and views.unfiled(ns, name):
             await self._file(views, ns, name, job)  # a pass cut short, or a book older than filing
@@ -275,7 +275,9 @@ class Metering:
     ) -> None:
         """File the settled runs of the Jobs of this name that are final (``live``, its cost written
         final) or gone out of the book: to the history bucket first, then out of the book (``filing``).
-        A Job still metered keeps its runs in the book: its cost and recovery are read from them."""
+        A Job still metered keeps its runs in the book: its cost and recovery are read from them. The
+        records of the gone ones (any but ``live``) left with no run in the book are folded into its
+        totals and dropped (``forgetting``), in the same commit."""
         if state is None:
             state = await self.books.read(ns, seen=_seen(views, ns))
         keep = job_ref(name, live.metadata.uid) if live is not None and not settled(live) else None
@@ -285,6 +287,9 @@ class Metering:
             ids = await self.archive.record(ns, ref, state)
             if ids:
                 ops.append(File(job=ref, hold_ids=ids))
+        mine = job_ref(name, live.metadata.uid) if live is not None else None
+        gone = [ref for ref in sorted(_named(state, name)) if ref != mine]
+        ops += [Forget(job=ref) for ref in gone if _forgettable(state, ref, ops)]
         if ops:
             await self.books.apply(ns, ops)
 
@@ -536,6 +541,17 @@ def _booked(state: State, job: Job, attempts: list[Attempt]) -> bool:
     nothing of it is held or spent, and the book (one message, written whole at every commit) does not grow
     with the Jobs of a project that never ran."""
     return job_ref(job.metadata.name or "", job.metadata.uid) in state.jobs or bool(attempts)
+
+
+def _named(state: State, name: str) -> list[str]:
+    """The book's Jobs of this name (any uid)."""
+    return [ref for ref in state.jobs if ref.rsplit("@", 1)[0] == name]
+
+
+def _forgettable(state: State, ref: str, ops: list[Step]) -> bool:
+    """A deleted Job whose every run in the book is settled and filed by ``ops`` (or was filed before)."""
+    filing = {h for op in ops if isinstance(op, File) and op.job == ref for h in op.hold_ids}
+    return all(h in filing for h, hold in state.holds.items() if hold.job == ref)
 
 
 def _acts(state: State, steps: list[Step]) -> bool:

@@ -34,7 +34,10 @@ def put_pipeline(state: State, op: PutPipeline, key: str) -> tuple[Result, list[
         return _refuse(key, CONFLICT, f"pipeline {op.name} belongs to {old.project}", "use another name"), []
     if old is None or op.generation > old.generation:
         state.pipelines[op.name] = Pipeline(
-            project=op.project, max_cost_micros=op.max_cost_micros, generation=op.generation
+            project=op.project,
+            max_cost_micros=op.max_cost_micros,
+            generation=op.generation,
+            forgotten_micros=old.forgotten_micros if old else 0,  # its deleted stages' spend stays
         )
     return Result(op_id=key), []
 

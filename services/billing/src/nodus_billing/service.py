@@ -39,6 +39,7 @@ from nodus_billing.serving import Holds, serve_accounts, serve_holds
 from nodus_billing.settings import BillingSettings
 from nodus_billing.viewing import (
     BLOCKED,
+    BOOKED,
     BY_JOB,
     BY_PIPELINE,
     BY_SWEEP,
@@ -47,6 +48,7 @@ from nodus_billing.viewing import (
     HoldGlance,
     Views,
     blocked,
+    booked,
     controlled_by,
     glances,
     labelled,
@@ -101,7 +103,7 @@ class BillingService(Service):
             funding=Informer(ObjectStore(bus, FUNDING_BUCKET, Funding), indexers={BLOCKED: blocked}),
             books=Informer(
                 glances(bus),
-                indexers={OPEN: open_holds, UNFILED: settled_holds},
+                indexers={OPEN: open_holds, UNFILED: settled_holds, BOOKED: booked},
                 name="billing:holds",
             ),
             pipelines=Informer(ObjectStore(bus, "pipelines", Pipeline)),
@@ -130,6 +132,7 @@ class BillingService(Service):
                 watches(self.views.funding, own_key),  # a block placed by the hold endpoint, anywhere
             ],
             settled=m.settled,
+            orphans=self._gone,
             workers=METER_WORKERS,
             resync_s=config.resync_s,
         )
@@ -163,16 +166,17 @@ class BillingService(Service):
         self._sweep_specs.clear()
         self._pipeline_specs.clear()
         self._open.clear()
-        await asyncio.gather(self.meter.run(), self.budgeter.run(), self._expire(), self._file_backlog())
+        await asyncio.gather(self.meter.run(), self.budgeter.run(), self._expire())
 
-    async def _file_backlog(self) -> None:
-        """The Jobs whose settled runs a book still holds (a book written before filing, a pass cut short
-        by a crash) are looked at once when this replica leads: the meter files them if they are final or
-        gone. From then on it files each Job's runs in the pass that finds it final or gone."""
-        await self.views.books.synced.wait()
-        for value in sorted(self.views.books.index_values(UNFILED)):
+    def _gone(self) -> Iterable[Key]:
+        """The deleted Jobs a book still has a record of (a pass cut short by a crash, a Job deleted while
+        no leader ran, a book written before forgetting): the meter's walk queues them, at start and every
+        resync, so their runs are filed and their records forgotten. The final ones whose runs a book
+        still holds are queued by the walk already (``Metering.settled``)."""
+        for value in self.views.books.index_values(BOOKED):
             project, _, job = value.partition("/")
-            self.meter.enqueue((project, job))
+            if self.views.jobs.get(project, job) is None:
+                yield (project, job)
 
     async def _expire(self) -> None:
         """The safety net under the meter: a hold nobody extended for an hour past its funding (its Job and

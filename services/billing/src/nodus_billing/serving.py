@@ -34,6 +34,7 @@ from nodus_billing.standing import (
     Hold,
     State,
     available,
+    forgotten_spent,
     job_spent,
     month_of,
     project_held,
@@ -264,7 +265,7 @@ class Accounts:
 
 def account_view(project: str, state: State) -> AccountView:
     refs = [r for r, job in state.jobs.items() if job.project == project]
-    spent = sum(job_spent(state, r) for r in refs)
+    spent = forgotten_spent(state) + sum(job_spent(state, r) for r in refs)
     granted = sum(
         e.amount_micros if e.source == CREDITS_ISSUED else -e.amount_micros
         for e in state.ledger.values()
@@ -280,7 +281,9 @@ def account_view(project: str, state: State) -> AccountView:
         available_micros=available(state, project),
         held_micros=project_held(state, project),
         spent_micros=spent,
-        unbilled_micros=sum(state.jobs[r].unbilled_micros for r in refs) + covered,
+        unbilled_micros=sum(state.jobs[r].unbilled_micros for r in refs)
+        + covered
+        + state.forgotten_unbilled_micros,
         open_holds=sum(1 for h in state.holds.values() if h.project == project and h.status == "Open"),
     )
 

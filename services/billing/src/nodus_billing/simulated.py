@@ -20,12 +20,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
+import msgspec
+
 from nodus_billing.filing import fileable
-from nodus_billing.holding import Capture, Charge, Expire, ExtendHold, File, Op, PlaceHold, PutJob, Release
+from nodus_billing.holding import (
+    Capture,
+    Charge,
+    Expire,
+    ExtendHold,
+    File,
+    Forget,
+    Op,
+    PlaceHold,
+    PutJob,
+    Release,
+)
 from nodus_billing.invariants import Broken, check_capture
 from nodus_billing.metering import MIN_RECHECK_MS, STAMP_MS, Terms, funded_until
 from nodus_billing.segmenting import NODUS_FAULTS, billed_millis_of, charged, usage_ms, usage_of
 from nodus_billing.standing import Hold, Result, State, binding_cap, held, month_of, room_for, siblings
+from nodus_billing.standing import Job as BookJob
 from nodus_schema.attempts import Attempt, AttemptSpec, AttemptStatus
 from nodus_schema.holds import hold_micros, minimum_hold_micros, resume_micros, stop_margin_ms
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
@@ -84,6 +98,8 @@ class SimJob:
     blocked: tuple[str, int] | None = None
     """The funding block (reason, rate) the scheduler obeys: no new runs, running ones stopped."""
     next_look_ms: int | None = None
+    forgotten: bool = False
+    """Deleted, and its record forgotten by the book (nothing happens to it any more)."""
 
     @property
     def done(self) -> bool:
@@ -98,6 +114,8 @@ class World:
         self.books = {p: State() for p in projects}
         self.filed: dict[str, dict[str, Hold]] = {p: {} for p in projects}
         """Per project, the holds filed out of its book: the history bucket's records."""
+        self.forgotten: dict[str, dict[str, BookJob]] = {p: {} for p in projects}
+        """Per project, the records of the Jobs its book forgot, as they were then."""
         self.jobs: dict[str, SimJob] = {}
         self.runs: dict[str, Run] = {}
         self.requeued: dict[str, None] = {}
@@ -267,6 +285,8 @@ class World:
 
     def meter(self, job: SimJob) -> None:
         """One reconcile of the Job, as Metering._settle, _fund and _next decide it."""
+        if job.forgotten:
+            return  # deleted: the meter finds nothing of it
         state = self.books[job.project]
         for hold_id, hold in sorted(state.holds.items()):
             if hold.job != job.ref or hold.status != "Open":
@@ -289,6 +309,8 @@ class World:
             # (a pass cut short): decided by the clock, not the seed's stream, so every seed draws as before.
             if job.done and self.now % 3:
                 self.file(job)
+                if self.now % 7 == 0:  # and deleted: its record folded into the book's totals
+                    self.forget(job)
             return
         margin = self.terms.margin_ms
         due = min(
@@ -306,6 +328,28 @@ class World:
             self.filed[job.project].update(holds)
             self._apply(job.project, File(job=job.ref, hold_ids=sorted(holds)))
             self.counts["jobs filed"] += 1
+
+    def forget(self, job: SimJob) -> None:
+        """The Job deleted once its runs are filed: the book forgets its record (Metering._file)."""
+        state = self.books[job.project]
+        record = state.jobs.get(job.ref)
+        if record is None or any(h.job == job.ref for h in state.holds.values()):
+            return  # a run placed under other labels stays in the book, and the Job with it
+        self.forgotten[job.project][job.ref] = msgspec.convert(msgspec.to_builtins(record), type=BookJob)
+        job.forgotten = True
+        self._apply(job.project, Forget(job=job.ref))
+        self.counts["jobs forgotten"] += 1
+
+    def of_forgotten(self, project: str, op: Op) -> bool:
+        """An operation on a forgotten Job (the meter never sends one: it sees the Job deleted)."""
+        forgotten = self.forgotten[project]
+        match op:
+            case PutJob() | PlaceHold() | File():
+                return (op.name if isinstance(op, PutJob) else op.job) in forgotten
+            case ExtendHold() | Charge() | Capture() | Release():
+                run = self.runs.get(op.hold_id)
+                return run is not None and run.job in forgotten
+        return False
 
     def _tick(self, project: str, run: Run) -> None:
         hold = self.books[project].holds[run.hold_id]

@@ -210,7 +210,15 @@ class _Simulation(World):
             months = {h.month for h in new.holds.values()} | set(new.filed)
             redefined = frozenset(f"budget:{op.name}:{m}" for m in months if isinstance(op, PutBudget))
             tally, bounds = self.tallies[project], self.use_bounds(new)
-            check_book(new, project, tally, bounds, redefined=redefined, filed=self.filed[project])
+            check_book(
+                new,
+                project,
+                tally,
+                bounds,
+                redefined=redefined,
+                filed=self.filed[project],
+                forgotten=self.forgotten[project],
+            )
         except Broken as e:
             self._fail(op, str(e))
         self.counts[f"{type(op).__name__} {'ok' if result.ok else result.code}"] += 1
@@ -291,7 +299,8 @@ class _Simulation(World):
             case "redeliver" if self.journal:
                 self.counts["redeliveries"] += 1
                 project, op, first = rng.choice(list(self.journal))
-                self._apply(project, op, first)
+                if not self.of_forgotten(project, op):
+                    self._apply(project, op, first)
             case "retry":
                 self._retry()
 
@@ -434,7 +443,8 @@ class _Simulation(World):
                 self._fail("restart", f"the book of {project} reads back different from what was written")
             self.books[project] = back
         for project, op, first in list(self.journal)[-self.rng.randint(1, 5) :]:
-            self._apply(project, op, first)
+            if not self.of_forgotten(project, op):
+                self._apply(project, op, first)
 
     def _retry(self) -> None:
         """The scheduler asks again for a hold it has (serving's retry): the same id, the first answer."""

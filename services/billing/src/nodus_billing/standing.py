@@ -69,6 +69,9 @@ class Pipeline(Wire):
     project: str
     max_cost_micros: int | None = None
     generation: int = 0
+    forgotten_micros: int = 0
+    """What its Job stages that were deleted and forgotten spent (``forgetting``; its Sweep stages' cells
+    are counted by their Sweep's): its cap counts it."""
 
 
 class Sweep(Wire):
@@ -76,6 +79,8 @@ class Sweep(Wire):
     max_cost_micros: int | None = None
     generation: int = 0
     pipeline: str | None = None
+    forgotten_micros: int = 0
+    """What its cells that were deleted and forgotten spent (``forgetting``): its cap counts it."""
     """The Pipeline the Sweep is a stage of (its controller ownerReference): its cells count against that
     cap too. Never changes (a book older than Pipelines has none: the Sweep is under no Pipeline)."""
 
@@ -101,6 +106,14 @@ class Job(Wire):
     @property
     def filed_micros(self) -> int:
         return sum(self.filed_months.values())
+
+
+class Forgotten(Wire):
+    """What the deleted Jobs of one label set that the book forgot spent, by month (``forgetting``)."""
+
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    months: dict[str, int] = msgspec.field(default_factory=dict)
+    jobs: int = 0
 
 
 class Usage(Wire):
@@ -194,6 +207,11 @@ class State(Wire):
     Budgets."""
     filed_covered_micros: int = 0
     """What Nodus covered of the filed holds' runs (the account's unbilled counts it)."""
+    forgotten: list[Forgotten] = msgspec.field(default_factory=list)
+    """The deleted Jobs the book forgot, folded by label set (``forgetting``): Budgets with a selector
+    count them."""
+    forgotten_unbilled_micros: int = 0
+    """What the forgotten Jobs ran beyond their holds (the account's unbilled counts it)."""
 
 
 # --- reading the state -------------------------------------------------------------------------------
@@ -231,8 +249,10 @@ def job_held(state: State, job: str) -> int:
 
 
 def sweep_spent(state: State, sweep: str) -> int:
-    """What all the cells of a Sweep have been charged."""
-    return sum(job_spent(state, name) for name, job in state.jobs.items() if job.sweep == sweep)
+    """What all the cells of a Sweep have been charged, the forgotten ones included."""
+    record = state.sweeps.get(sweep)
+    forgotten = record.forgotten_micros if record is not None else 0
+    return forgotten + sum(job_spent(state, name) for name, job in state.jobs.items() if job.sweep == sweep)
 
 
 def sweep_held(state: State, sweep: str) -> int:
@@ -254,8 +274,22 @@ def pipeline_jobs(state: State, pipeline: str) -> list[str]:
 
 
 def pipeline_spent(state: State, pipeline: str) -> int:
-    """What everything under a Pipeline has been charged."""
-    return sum(job_spent(state, name) for name in pipeline_jobs(state, pipeline))
+    """What everything under a Pipeline has been charged, the forgotten Jobs included."""
+    return pipeline_forgotten(state, pipeline) + sum(
+        job_spent(state, name) for name in pipeline_jobs(state, pipeline)
+    )
+
+
+def pipeline_forgotten(state: State, pipeline: str) -> int:
+    """What the forgotten Jobs under a Pipeline spent: its Job stages' and its Sweep stages' cells'."""
+    record = state.pipelines.get(pipeline)
+    own = record.forgotten_micros if record is not None else 0
+    return own + sum(s.forgotten_micros for s in state.sweeps.values() if s.pipeline == pipeline)
+
+
+def forgotten_spent(state: State) -> int:
+    """What every forgotten Job of the book spent."""
+    return sum(sum(row.months.values()) for row in state.forgotten)
 
 
 def pipeline_held(state: State, pipeline: str) -> int:
@@ -314,11 +348,12 @@ def caps_over(state: State, job_name: str) -> list[Level]:
     sweep = state.sweeps.get(job.sweep) if job.sweep is not None else None
     if job.sweep is not None and sweep is not None and sweep.max_cost_micros is not None:
         cells = [name for name, j in state.jobs.items() if j.sweep == job.sweep]
-        out.append(Level("Sweep", job.sweep, sweep.max_cost_micros, _committed(state, cells)))
+        committed = sweep.forgotten_micros + _committed(state, cells)
+        out.append(Level("Sweep", job.sweep, sweep.max_cost_micros, committed))
     pipeline = pipeline_of(state, job)
     known = state.pipelines.get(pipeline) if pipeline is not None else None
     if pipeline is not None and known is not None and known.max_cost_micros is not None:
-        committed = _committed(state, pipeline_jobs(state, pipeline))
+        committed = pipeline_forgotten(state, pipeline) + _committed(state, pipeline_jobs(state, pipeline))
         out.append(Level("Pipeline", pipeline, known.max_cost_micros, committed))
     return out
 
@@ -344,12 +379,14 @@ def budget_used(state: State, budget: Budget, month: str) -> int:
 def filed_used(state: State, budget: Budget, month: str) -> int:
     """What the filed holds of ``month`` that a Budget counts charged (``filing``)."""
     if not budget.selector:
-        return state.filed.get(month, 0)
-    return sum(
+        return state.filed.get(month, 0)  # every Job's, the forgotten ones' too
+    live = sum(
         job.filed_months.get(month, 0)
         for job in state.jobs.values()
         if job.project == budget.project and job.filed_months and matches(budget.selector, job.labels)
     )
+    gone = sum(row.months.get(month, 0) for row in state.forgotten if matches(budget.selector, row.labels))
+    return live + gone
 
 
 def room_for(
@@ -436,7 +473,8 @@ def suspensions(state: State, increment_micros: int) -> list[Suspension]:
             out.append(_capped("Sweep", name, sweep.max_cost_micros or 0, room))
     for name, pipeline in sorted(state.pipelines.items()):
         if pipeline.max_cost_micros is not None:
-            room = pipeline.max_cost_micros - _committed(state, pipeline_jobs(state, name))
+            committed = pipeline_forgotten(state, name) + _committed(state, pipeline_jobs(state, name))
+            room = pipeline.max_cost_micros - committed
             if room < increment_micros:
                 out.append(_capped("Pipeline", name, pipeline.max_cost_micros, room))
     for name in sorted(state.jobs):

@@ -13,7 +13,8 @@ dicts instead of listing a namespace per Job. The indexes answer the meter's que
   stages, their cells (issue #22). The Pipelines themselves are read by the uid the reference names;
 * funding records that block their Job, by project (``BLOCKED``): what a grant or a Budget may unblock;
 * the books' settled holds by Job (``UNFILED``): the Jobs, final or gone, whose runs the meter files out of
-  the book into the history bucket (``filing``, ``archiving``);
+  the book into the history bucket (``filing``, ``archiving``); and the Jobs the books have a record of
+  (``BOOKED``): a deleted one's is folded into its book's totals (``forgetting``);
 * the books' open holds by Job (``OPEN``): a light view of the ``accounts`` bucket that decodes each book's
   holds and skips its ledger (:class:`BookGlance`). It answers "is anything of this Job held?" for the
   meter's rest rule (:meth:`nodus_billing.metering.Metering.settled`) and lists the holds the expiry loop
@@ -49,6 +50,7 @@ BY_PIPELINE = "pipeline"
 BLOCKED = "blocked"
 OPEN = "open"
 UNFILED = "unfiled"
+BOOKED = "booked"
 
 
 def in_namespace(namespace: str | None, name: str) -> str:
@@ -92,12 +94,18 @@ class HoldGlance(Wire):
     funded_until_ms: int = 0
 
 
+class JobGlance(Wire):
+    """A Job's record in a book, none of it read: only that the book has one."""
+
+
 class StateGlance(Wire):
     holds: dict[str, HoldGlance] = msgspec.field(default_factory=dict)
+    jobs: dict[str, JobGlance] = msgspec.field(default_factory=dict)
 
 
 class BookGlance(Wire):
-    """A project's book without its ledger, balances, results and records (key: the project)."""
+    """A project's book without its ledger, balances, results and records, but the names of its Jobs
+    (key: the project)."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     state: StateGlance = msgspec.field(default_factory=StateGlance)
@@ -115,6 +123,12 @@ def open_holds(book: BookGlance) -> Iterable[str]:
     """A book filed under every Job (by name, whichever uid) that has an open hold in it."""
     project = book.metadata.name or ""
     return {in_namespace(project, h.job.rsplit("@", 1)[0]) for h in book.open_holds()}
+
+
+def booked(book: BookGlance) -> Iterable[str]:
+    """A book filed under every Job (by name, whichever uid) it has a record of."""
+    project = book.metadata.name or ""
+    return {in_namespace(project, ref.rsplit("@", 1)[0]) for ref in book.state.jobs}
 
 
 def settled_holds(book: BookGlance) -> Iterable[str]:
@@ -164,6 +178,11 @@ class Views:
         """Whether a book holds a settled hold of a Job of this name (any uid): one to file. Unsure (the
         view not listed yet) counts as not: the view's listing brings every such Job back (``Metering``)."""
         return bool(self.books.by_index(UNFILED, in_namespace(namespace, job)))
+
+    def booked(self, namespace: str | None, job: str) -> bool:
+        """Whether a book has a record of a Job of this name (any uid): a deleted one is forgotten
+        (``forgetting``). Unsure (the view not listed yet) counts as not, as for :meth:`unfiled`."""
+        return bool(self.books.by_index(BOOKED, in_namespace(namespace, job)))
 
     def blocks(self, job: Job) -> bool:
         """Whether billing blocks this Job (its funding record, of its uid). Unsure counts as blocked."""
