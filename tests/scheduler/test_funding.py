@@ -78,7 +78,8 @@ async def filed_book(rig: Any, project: str) -> Any:
         assert all(h.status == "Open" for h in state.holds.values()), state.holds
         return state
 
-    return await eventually(filed, deadline_s=20, message="the settled runs are filed out of the book")
+    # A billing killed after writing the final cost files them once its successor leads (a lease's TTL).
+    return await eventually(filed, deadline_s=60, message="the settled runs are filed out of the book")
 
 
 async def runs_of(rig: Any, project: str, state: Any) -> dict[str, Hold]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, overload
+from typing import Final, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -45,31 +45,40 @@ async def eventually(
     end = loop.time() + deadline_s
     last: object = None
     last_error: AssertionError | None = None
+    cut = False
     while True:
         try:
             result = predicate()
             if inspect.isawaitable(result):
                 result = await _within(result, end - loop.time())
-            last, last_error = result, None
-            if result:
-                return result
+            # A call the deadline cut short tells nothing: the last one that ended does.
+            cut = result is _CUT
+            if not cut:
+                last, last_error = result, None
+                if result:
+                    return result
         except AssertionError as exc:
-            last, last_error = None, exc
+            last, last_error, cut = None, exc, False
         if loop.time() >= end:
             what = message or getattr(predicate, "__qualname__", repr(predicate))
             detail = f"last assertion: {last_error}" if last_error else f"last value: {last!r}"
+            detail += "; the last call was cut off by the deadline" if cut else ""
             raise AssertionError(f"{what}: not true within {deadline_s}s ({detail})") from last_error
         await asyncio.sleep(interval_s)
 
 
-async def _within(awaitable: Awaitable[T], remaining_s: float) -> T | None:
-    """Await under the overall deadline; None if our deadline cut it off (a TimeoutError the predicate
-    raised on its own still propagates, like any other error of the predicate)."""
+_CUT: Final = object()
+"""What :func:`_within` returns for a call the overall deadline cut off."""
+
+
+async def _within(awaitable: Awaitable[T], remaining_s: float) -> T | object:
+    """Await under the overall deadline; :data:`_CUT` if our deadline cut it off (a TimeoutError the
+    predicate raised on its own still propagates, like any other error of the predicate)."""
     scope = asyncio.timeout(max(remaining_s, 0.0))
     try:
         async with scope:
             return await awaitable
     except TimeoutError:
         if scope.expired():
-            return None
+            return _CUT
         raise

@@ -68,3 +68,14 @@ def forget_job(state: State, op: Forget, key: str) -> tuple[Result, list[Entry]]
 def row_of(labels: dict[str, str]) -> dict[str, str]:
     """The labels a forgotten Job's row is kept under."""
     return {k: v for k, v in labels.items() if k != CELL_LABEL}
+
+
+def named(state: State, name: str) -> list[str]:
+    """The book's Jobs of this name, whatever their uid (``<name>@<uid>``)."""
+    prefix = name + "@"
+    return [ref for ref in state.jobs if ref.startswith(prefix)]
+
+
+def forgettable(state: State, ref: str, filing: set[str]) -> bool:
+    """Whether the Job ``ref`` has no run in the book once the holds ``filing`` are filed."""
+    return all(h in filing for h, hold in state.holds.items() if hold.job == ref)

@@ -66,6 +66,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.archiving import Archive
 from nodus_billing.books import Books, Planner, Step
+from nodus_billing.forgetting import forgettable, named
 from nodus_billing.holding import Capture, Charge, ExtendHold, File, Forget, Op, Release
 from nodus_billing.putting import job_ref as job_ref  # re-exported: the book's names of Jobs
 from nodus_billing.putting import pipeline_ref_of, puts, stored, viewed
@@ -287,9 +288,12 @@ class Metering:
             ids = await self.archive.record(ns, ref, state)
             if ids:
                 ops.append(File(job=ref, hold_ids=ids))
+        # Deleted: every record of its name (a scan, once per deleted Job); final: the records of older
+        # Jobs of its name that its runs' holds name (no scan per finished Job).
         mine = job_ref(name, live.metadata.uid) if live is not None else None
-        gone = [ref for ref in sorted(_named(state, name)) if ref != mine]
-        ops += [Forget(job=ref) for ref in gone if _forgettable(state, ref, ops)]
+        gone = sorted(named(state, name) if live is None else refs - {mine})
+        filing = {h for op in ops if isinstance(op, File) for h in op.hold_ids}
+        ops += [Forget(job=ref) for ref in gone if forgettable(state, ref, filing)]
         if ops:
             await self.books.apply(ns, ops)
 
@@ -311,6 +315,16 @@ class Metering:
         sweep = viewed(views.sweeps, ns, ref) or await stored(self.sweeps, ns, ref)
         ref = pipeline_ref_of(job, sweep)
         return sweep, viewed(views.pipelines, ns, ref) or await stored(self.pipelines, ns, ref)
+
+    async def owners(self, job: Job) -> tuple[Sweep | None, Pipeline | None]:
+        """The cell's Sweep and the Job's Pipeline for the hold endpoint: from this replica's views when
+        they are listed (the leader's: no read, and no decode of a Sweep whose status lists every cell),
+        else as stored. A view a few milliseconds behind judges a hold by a cap a few milliseconds old, as
+        a hold asked that much earlier would have been; the meter puts the change when it comes."""
+        views = self.views
+        if views is not None and views.synced():
+            return await self._owners(views, job)
+        return await self.stored_owners(job)
 
     async def stored_owners(self, job: Job) -> tuple[Sweep | None, Pipeline | None]:
         """The cell's Sweep and the Job's Pipeline as stored (None: under none, or gone or created again)."""
@@ -541,17 +555,6 @@ def _booked(state: State, job: Job, attempts: list[Attempt]) -> bool:
     nothing of it is held or spent, and the book (one message, written whole at every commit) does not grow
     with the Jobs of a project that never ran."""
     return job_ref(job.metadata.name or "", job.metadata.uid) in state.jobs or bool(attempts)
-
-
-def _named(state: State, name: str) -> list[str]:
-    """The book's Jobs of this name (any uid)."""
-    return [ref for ref in state.jobs if ref.rsplit("@", 1)[0] == name]
-
-
-def _forgettable(state: State, ref: str, ops: list[Step]) -> bool:
-    """A deleted Job whose every run in the book is settled and filed by ``ops`` (or was filed before)."""
-    filing = {h for op in ops if isinstance(op, File) and op.job == ref for h in op.hold_ids}
-    return all(h in filing for h, hold in state.holds.items() if hold.job == ref)
 
 
 def _acts(state: State, steps: list[Step]) -> bool:

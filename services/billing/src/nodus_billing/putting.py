@@ -7,9 +7,10 @@ Pipeline; a cell's is its Sweep, whose controller is the Pipeline of a Sweep sta
 a user may set, never puts a Job under anyone's cap. Objects are named in the book ``<name>@<uid>``, so one
 created again under the same name starts from nothing.
 
-The meter reads the Sweep and the Pipeline from its informers, the hold endpoint from the store (both then
-from the store on a miss: :func:`viewed`, :func:`stored`); the puts are planners decided inside the commit,
-so each is applied only when the book lacks the object's current generation.
+The meter reads the Sweep and the Pipeline from its informers, and so does the hold endpoint where its
+replica's informers are listed (the leader's; elsewhere from the store), both from the store on a miss
+(:func:`viewed`, :func:`stored`); the puts are planners decided inside the commit, so each is applied only
+when the book lacks the object's current generation.
 """
 
 from __future__ import annotations

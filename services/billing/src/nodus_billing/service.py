@@ -245,18 +245,21 @@ class BillingService(Service):
         return [key_of(job) for job in self.views.stages(*key) if not self.metering.settled(job)]
 
     def _placed(self, event: Event[Any]) -> Iterable[Key]:
-        """A book changed: the Job of each hold opened since is looked at, wherever the hold was placed
-        (any replica's hold endpoint). The rest rule relies on it: a Job at rest wakes for a new hold
-        even when its Attempt never comes. Charges and captures of holds already open map to nothing."""
+        """A book changed: the Job of each hold opened or settled since is looked at, wherever the hold
+        was placed (any replica's hold endpoint). The rest rule relies on it: a Job at rest wakes for a new
+        hold even when its Attempt never comes; and a Job whose final cost was written before this view
+        showed its runs settled files them now, not at the next resync. Charges and extensions of holds
+        still open map to nothing."""
         project = event.object.metadata.name or ""
         if event.type == "DELETED":
             self._open.pop(project, None)
             return []
         holds = event.object.state.holds
         now = {h for h, hold in holds.items() if hold.status == "Open"}
-        new = now - self._open.get(project, set())
+        before = self._open.get(project, set())
         self._open[project] = now
-        return sorted({(project, holds[h].job.rsplit("@", 1)[0]) for h in new})
+        changed = (now - before) | {h for h in before - now if h in holds}  # a filed one is done with
+        return sorted({(project, holds[h].job.rsplit("@", 1)[0]) for h in changed})
 
     def _requeue_project(self, project: str) -> None:
         """Credits granted or a Budget changed: the project's blocked Jobs are looked at now."""

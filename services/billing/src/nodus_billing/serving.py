@@ -167,7 +167,7 @@ class Holds:
                 rate_micros_per_hour=rate,
             )
 
-        steps = [*self.metering.puts(job, *(await self.metering.stored_owners(job))), plan]
+        steps = [*self.metering.puts(job, *(await self.metering.owners(job))), plan]
         applied = await self.books.apply(req.namespace, steps)
         result = applied.results[-1]
         if result is None:
