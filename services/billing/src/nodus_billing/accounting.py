@@ -40,6 +40,11 @@ class Entry(Wire):
     amount_micros: int
 
 
+def entry(entry_id: str, source: str, target: str, amount: int) -> Entry:
+    """An entry moving ``amount`` µ$ from ``source`` to ``target``."""
+    return Entry(id=entry_id, source=source, target=target, amount_micros=amount)
+
+
 def fold(entries: Iterable[Entry]) -> dict[str, int]:
     """Every ledger account's balance from the entries alone (accounts at zero are left out)."""
     balances: dict[str, int] = {}

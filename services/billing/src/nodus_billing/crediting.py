@@ -7,7 +7,7 @@ of revokes, stay within ``BOOK_MAX_MICROS`` (``standing``'s bounds).
 
 from __future__ import annotations
 
-from nodus_billing.accounting import CREDITS_ISSUED, Entry, available_account, balance
+from nodus_billing.accounting import CREDITS_ISSUED, Entry, available_account, balance, entry
 from nodus_billing.standing import (
     BOOK_MAX_MICROS,
     INSUFFICIENT_CREDITS,
@@ -15,8 +15,9 @@ from nodus_billing.standing import (
     Result,
     State,
     available,
+    refused,
+    usd,
 )
-from nodus_schema.quantities import micros_to_usd
 from nodus_schema.wire import Wire
 
 
@@ -39,39 +40,27 @@ def granted_total(state: State) -> int:
 
 def grant(state: State, op: Grant, key: str) -> tuple[Result, list[Entry]]:
     if op.amount_micros <= 0:
-        return _refuse(key, INVALID, f"grant of {op.amount_micros} µ$", "grant a positive amount"), []
+        return refused(key, INVALID, f"grant of {op.amount_micros} µ$", "grant a positive amount"), []
     total = granted_total(state)
     if total + op.amount_micros > BOOK_MAX_MICROS:
         msg = (
-            f"project {op.project} has {_usd(total)} granted; {_usd(op.amount_micros)} more passes"
-            f" {_usd(BOOK_MAX_MICROS)}, the most a billing book holds"
+            f"project {op.project} has {usd(total)} granted; {usd(op.amount_micros)} more passes"
+            f" {usd(BOOK_MAX_MICROS)}, the most a billing book holds"
         )
-        fix = f"grant at most {_usd(max(BOOK_MAX_MICROS - total, 0))}, or revoke credits first"
-        return _refuse(key, INVALID, msg, fix), []
-    return Result(op_id=key), [_entry(key, CREDITS_ISSUED, available_account(op.project), op.amount_micros)]
+        fix = f"grant at most {usd(max(BOOK_MAX_MICROS - total, 0))}, or revoke credits first"
+        return refused(key, INVALID, msg, fix), []
+    return Result(op_id=key), [entry(key, CREDITS_ISSUED, available_account(op.project), op.amount_micros)]
 
 
 def revoke(state: State, op: Revoke, key: str) -> tuple[Result, list[Entry]]:
     if op.amount_micros <= 0:
-        return _refuse(key, INVALID, f"revoke of {op.amount_micros} µ$", "revoke a positive amount"), []
+        return refused(key, INVALID, f"revoke of {op.amount_micros} µ$", "revoke a positive amount"), []
     free = available(state, op.project)
     if op.amount_micros > free:
         # Credits that holds reserve or that were spent are never revoked: that could take a balance below
         # what running work was promised.
-        msg = f"project {op.project} has {_usd(free)} not held; cannot revoke {_usd(op.amount_micros)}"
-        return _refuse(
-            key, INSUFFICIENT_CREDITS, msg, f"revoke at most {_usd(free)}, or release holds first"
+        msg = f"project {op.project} has {usd(free)} not held; cannot revoke {usd(op.amount_micros)}"
+        return refused(
+            key, INSUFFICIENT_CREDITS, msg, f"revoke at most {usd(free)}, or release holds first"
         ), []
-    return Result(op_id=key), [_entry(key, available_account(op.project), CREDITS_ISSUED, op.amount_micros)]
-
-
-def _entry(entry_id: str, source: str, target: str, amount: int) -> Entry:
-    return Entry(id=entry_id, source=source, target=target, amount_micros=amount)
-
-
-def _refuse(key: str, code: str, message: str, fix: str) -> Result:
-    return Result(op_id=key, ok=False, code=code, message=message, fix=fix)
-
-
-def _usd(micros: int) -> str:
-    return f"${micros_to_usd(micros)}"
+    return Result(op_id=key), [entry(key, available_account(op.project), CREDITS_ISSUED, op.amount_micros)]

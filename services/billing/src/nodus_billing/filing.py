@@ -28,7 +28,7 @@ before the filing.
 from __future__ import annotations
 
 from nodus_billing.accounting import Entry, accrue, available_account, retract
-from nodus_billing.standing import CONFLICT, NOT_FOUND, Hold, Job, Result, State
+from nodus_billing.standing import CONFLICT, NOT_FOUND, Hold, Job, Result, State, refused
 from nodus_schema.wire import Wire
 
 
@@ -52,7 +52,7 @@ def filed_entry(project: str) -> str:
 def file_holds(state: State, op: File, key: str) -> tuple[Result, list[Entry]]:
     job = state.jobs.get(op.job)
     if job is None:
-        return _refuse(key, NOT_FOUND, f"job {op.job} is not known to billing", "put the Job first"), []
+        return refused(key, NOT_FOUND, f"job {op.job} is not known to billing", "put the Job first"), []
     for hold_id in sorted(set(op.hold_ids)):
         hold = state.holds.get(hold_id)
         if hold is None or not fileable(hold, op.job, job):
@@ -92,8 +92,4 @@ def filed_refusal(state: State, hold_id: str, key: str) -> Result | None:
 
 def filed_conflict(job: str, hold_id: str, key: str) -> Result:
     msg = f"hold {hold_id} of job {job} has settled and is filed"
-    return _refuse(key, CONFLICT, msg, "place a new hold; a hold resolves once")
-
-
-def _refuse(key: str, code: str, message: str, fix: str) -> Result:
-    return Result(op_id=key, ok=False, code=code, message=message, fix=fix)
+    return refused(key, CONFLICT, msg, "place a new hold; a hold resolves once")

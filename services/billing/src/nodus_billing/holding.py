@@ -27,6 +27,7 @@ import msgspec
 from nodus_billing.accounting import (
     Entry,
     available_account,
+    entry,
     hold_account,
     post,
     spend_account,
@@ -67,9 +68,10 @@ from nodus_billing.standing import (
     held,
     matches,
     month_of,
+    refused,
+    usd,
 )
 from nodus_schema.ledger import charge_micros
-from nodus_schema.quantities import micros_to_usd
 from nodus_schema.wire import Wire
 
 # --- operations --------------------------------------------------------------------------------------
@@ -274,11 +276,11 @@ def bounded(op: Op, key: str) -> tuple[Op, Result | None]:
     above ``MAX_COUNT``."""
     match op:
         case Grant() if op.amount_micros > MAX_GRANT_MICROS:
-            most = _usd(MAX_GRANT_MICROS)
-            msg = f"a grant of {_usd(op.amount_micros)} is more than one grant may be ({most})"
-            return op, _refuse(key, INVALID, msg, f"grant at most {_usd(MAX_GRANT_MICROS)} at a time")
+            most = usd(MAX_GRANT_MICROS)
+            msg = f"a grant of {usd(op.amount_micros)} is more than one grant may be ({most})"
+            return op, refused(key, INVALID, msg, f"grant at most {usd(MAX_GRANT_MICROS)} at a time")
         case PutJob() | PutSweep() | PutPipeline() | PutBudget() if not 0 <= op.generation <= MAX_COUNT:
-            return op, _refuse(key, INVALID, f"generation {op.generation}", f"use 0 to {MAX_COUNT}")
+            return op, refused(key, INVALID, f"generation {op.generation}", f"use 0 to {MAX_COUNT}")
         case PutJob() | PutSweep() | PutPipeline() if (op.max_cost_micros or 0) > BOOK_MAX_MICROS:
             return msgspec.structs.replace(op, max_cost_micros=None), None
         case PutJob() | PutSweep() | PutPipeline() if (op.max_cost_micros or 0) < 0:
@@ -288,19 +290,19 @@ def bounded(op: Op, key: str) -> tuple[Op, Result | None]:
         case PlaceHold() | ExtendHold():
             amount = op.amount_micros if isinstance(op, PlaceHold) else op.more_micros
             if amount > BOOK_MAX_MICROS:
-                most = _usd(BOOK_MAX_MICROS)
-                msg = f"a hold of {_usd(amount)} is more than any billing book can fund ({most})"
-                return op, _refuse(key, INVALID, msg, "hold less: a shorter window or a lower rate")
+                most = usd(BOOK_MAX_MICROS)
+                msg = f"a hold of {usd(amount)} is more than any billing book can fund ({most})"
+                return op, refused(key, INVALID, msg, "hold less: a shorter window or a lower rate")
             times = [op.funded_until_ms] + ([op.at_ms] if isinstance(op, PlaceHold) else [])
             if any(not 0 <= t <= MAX_TIME_MS for t in times):
                 msg = f"a hold at {times[-1]} ms funded until {times[0]} ms (since 1970, UTC)"
-                return op, _refuse(key, INVALID, msg, "use times from 1970 to 9999")
+                return op, refused(key, INVALID, msg, "use times from 1970 to 9999")
             if isinstance(op, PlaceHold) and not 0 <= op.rate_micros_per_hour <= BOOK_MAX_MICROS:
                 msg = f"a rate of {op.rate_micros_per_hour} µ$/h"
-                return op, _refuse(key, INVALID, msg, f"use a rate of at most {_usd(BOOK_MAX_MICROS)}/h")
+                return op, refused(key, INVALID, msg, f"use a rate of at most {usd(BOOK_MAX_MICROS)}/h")
         case Charge():
             if len(op.tick) > 18:  # more digits than MAX_COUNT has: not a tick number
-                return op, _refuse(
+                return op, refused(
                     key, INVALID, f"meter tick {op.tick[:24]!r}...", "number ticks 1, 2, 3, ..."
                 )
             if op.amount_micros > BOOK_MAX_MICROS:
@@ -355,10 +357,10 @@ _Handled = tuple[Result, list[Entry]]
 
 def _put_budget(state: State, op: PutBudget, key: str) -> _Handled:
     if op.monthly_micros < 0:
-        return _refuse(key, INVALID, "a budget's monthly amount is negative", "set it to zero or more"), []
+        return refused(key, INVALID, "a budget's monthly amount is negative", "set it to zero or more"), []
     old = state.budgets.get(op.name)
     if old is not None and old.project != op.project:
-        return _refuse(key, CONFLICT, f"budget {op.name} belongs to {old.project}", "use another name"), []
+        return refused(key, CONFLICT, f"budget {op.name} belongs to {old.project}", "use another name"), []
     if op.deleted:
         # A tombstone, not a removal: a put of this Budget arriving late must not bring it back.
         gen = max(op.generation, old.generation if old is not None else 0)
@@ -379,10 +381,10 @@ def _put_budget(state: State, op: PutBudget, key: str) -> _Handled:
 def _put_sweep(state: State, op: PutSweep, key: str) -> _Handled:
     old = state.sweeps.get(op.name)
     if old is not None and old.project != op.project:
-        return _refuse(key, CONFLICT, f"sweep {op.name} belongs to {old.project}", "use another name"), []
+        return refused(key, CONFLICT, f"sweep {op.name} belongs to {old.project}", "use another name"), []
     if old is not None and old.pipeline != op.pipeline:
         msg = f"sweep {op.name} is under pipeline {old.pipeline}"
-        return _refuse(key, CONFLICT, msg, "a Sweep's Pipeline never changes"), []
+        return refused(key, CONFLICT, msg, "a Sweep's Pipeline never changes"), []
     refusal = stage_refusal(state, key, op.project, op.pipeline)
     if refusal is not None:
         return refusal, []
@@ -402,7 +404,7 @@ def _put_job(state: State, op: PutJob, key: str) -> _Handled:
     if old is not None and (old.project, old.sweep, old.pipeline) != (op.project, op.sweep, op.pipeline):
         # Spend already attributed to a project, Sweep and Pipeline must stay there.
         msg = f"job {op.name} belongs to project {old.project}, sweep {old.sweep}, pipeline {old.pipeline}"
-        return _refuse(key, CONFLICT, msg, "a Job's project, Sweep and Pipeline never change"), []
+        return refused(key, CONFLICT, msg, "a Job's project, Sweep and Pipeline never change"), []
     refusal = stage_refusal(state, key, op.project, op.pipeline, op.sweep)
     if refusal is not None:
         return refusal, []
@@ -410,7 +412,7 @@ def _put_job(state: State, op: PutJob, key: str) -> _Handled:
         sweep = state.sweeps.get(op.sweep)
         if sweep is None or sweep.project != op.project:
             msg = f"sweep {op.sweep} is not known in project {op.project}"
-            return _refuse(key, NOT_FOUND, msg, "put the Sweep before its cells"), []
+            return refused(key, NOT_FOUND, msg, "put the Sweep before its cells"), []
     if old is not None and op.generation > old.generation:
         # What it ran beyond its holds and what it filed stay: they are its history, not its spec.
         labels, cap, generation = dict(op.labels), op.max_cost_micros, op.generation
@@ -431,12 +433,12 @@ def _put_job(state: State, op: PutJob, key: str) -> _Handled:
 
 def _place_hold(state: State, op: PlaceHold, key: str) -> _Handled:
     if op.amount_micros <= 0:
-        return _refuse(key, INVALID, f"hold of {op.amount_micros} µ$", "hold a positive amount"), []
+        return refused(key, INVALID, f"hold of {op.amount_micros} µ$", "hold a positive amount"), []
     if op.hold_id in state.holds:
-        return _refuse(key, CONFLICT, f"hold {op.hold_id} exists", "use a new hold id"), []
+        return refused(key, CONFLICT, f"hold {op.hold_id} exists", "use a new hold id"), []
     job = state.jobs.get(op.job)
     if job is None:
-        return _refuse(key, NOT_FOUND, f"job {op.job} is not known to billing", "put the Job first"), []
+        return refused(key, NOT_FOUND, f"job {op.job} is not known to billing", "put the Job first"), []
     if op.hold_id in job.filed:
         return filed_conflict(op.job, op.hold_id, key), []
     month = month_of(op.at_ms)
@@ -453,8 +455,8 @@ def _place_hold(state: State, op: PlaceHold, key: str) -> _Handled:
         rate_micros_per_hour=op.rate_micros_per_hour,
         placed_ms=op.at_ms,
     )
-    entry = _entry(key, available_account(job.project), hold_account(op.hold_id), op.amount_micros)
-    return Result(op_id=key), [entry]
+    moved = entry(key, available_account(job.project), hold_account(op.hold_id), op.amount_micros)
+    return Result(op_id=key), [moved]
 
 
 def _extend(state: State, op: ExtendHold, key: str) -> _Handled:
@@ -462,7 +464,7 @@ def _extend(state: State, op: ExtendHold, key: str) -> _Handled:
     if hold is None:
         return refusal, []
     if op.more_micros < 0:
-        return _refuse(key, INVALID, f"extension of {op.more_micros} µ$", "extend by zero or more"), []
+        return refused(key, INVALID, f"extension of {op.more_micros} µ$", "extend by zero or more"), []
     if op.funded_until_ms <= hold.funded_until_ms:
         return Result(op_id=key), []  # funded that far already: a repeat reserves nothing more
     job = state.jobs[hold.job]
@@ -471,8 +473,8 @@ def _extend(state: State, op: ExtendHold, key: str) -> _Handled:
         return over, []
     hold.funded_until_ms = max(hold.funded_until_ms, op.funded_until_ms)
     hold.reserved_micros += op.more_micros
-    entry = _entry(key, available_account(hold.project), hold_account(op.hold_id), op.more_micros)
-    return Result(op_id=key), [entry]
+    moved = entry(key, available_account(hold.project), hold_account(op.hold_id), op.more_micros)
+    return Result(op_id=key), [moved]
 
 
 def _charge(state: State, op: Charge, key: str) -> _Handled:
@@ -480,7 +482,7 @@ def _charge(state: State, op: Charge, key: str) -> _Handled:
     if hold is None:
         return refusal, []
     if not op.tick.isdigit():
-        return _refuse(key, INVALID, f"meter tick {op.tick!r}", "number ticks 1, 2, 3, ... per hold"), []
+        return refused(key, INVALID, f"meter tick {op.tick!r}", "number ticks 1, 2, 3, ... per hold"), []
     if int(op.tick) <= hold.last_tick:
         return Result(op_id=key), []  # this tick (or a later one) was charged: a repeat charges nothing
     hold.last_tick = int(op.tick)
@@ -493,14 +495,14 @@ def _capture(state: State, op: Capture, key: str) -> _Handled:
     if hold is None:
         return refusal, []
     if op.total_micros is not None and op.total_micros < 0:
-        return _refuse(key, INVALID, f"final charge of {op.total_micros} µ$", "charge zero or more"), []
+        return refused(key, INVALID, f"final charge of {op.total_micros} µ$", "charge zero or more"), []
     if op.total_micros is not None and op.total_micros < hold.charged_micros:
         # The ticks charged more than the run used: the difference goes back into the hold (and from
         # there, with the rest, to the project's credits), so the run costs exactly its final charge.
         back = hold.charged_micros - op.total_micros
         hold.charged_micros = op.total_micros
         result = Result(op_id=key, refunded_micros=back)
-        entries = [_entry(f"{key}:refund", spend_account(hold.job), hold_account(op.hold_id), back)]
+        entries = [entry(f"{key}:refund", spend_account(hold.job), hold_account(op.hold_id), back)]
         _record_overrun(state, hold, 0)  # it ran no further than its charge: nothing overran
     else:
         amount = op.amount_micros if op.total_micros is None else op.total_micros - hold.charged_micros
@@ -565,37 +567,36 @@ def _does_not_fit(
         used = budget_used(state, budget, month)
         if used + amount > budget.monthly_micros:
             msg = (
-                f"budget {name} allows {_usd(budget.monthly_micros)} in {month}; {_usd(used)} is used or"
-                f" held, {_usd(amount)} more does not fit"
+                f"budget {name} allows {usd(budget.monthly_micros)} in {month}; {usd(used)} is used or"
+                f" held, {usd(amount)} more does not fit"
             )
-            return _refuse(key, BUDGET_EXCEEDED, msg, f"raise budget {name} or wait for next month")
+            return refused(key, BUDGET_EXCEEDED, msg, f"raise budget {name} or wait for next month")
     free = available(state, job.project)
     if amount > free:
-        msg = f"project {job.project} has {_usd(free)} not held; the hold needs {_usd(amount)}"
-        fix = f"ask an administrator to grant at least {_usd(amount - free)} in credits (nodus credits grant)"
-        return _refuse(key, INSUFFICIENT_CREDITS, msg, fix)
+        msg = f"project {job.project} has {usd(free)} not held; the hold needs {usd(amount)}"
+        fix = f"ask an administrator to grant at least {usd(amount - free)} in credits (nodus credits grant)"
+        return refused(key, INSUFFICIENT_CREDITS, msg, fix)
     return None
 
 
 def _over_cap(key: str, what: str, cap: int, committed: int, amount: int) -> Result:
     msg = (
-        f"{what} has maxCostUSD {_usd(cap)}; {_usd(committed)} is spent or held,"
-        f" {_usd(amount)} more exceeds it"
+        f"{what} has maxCostUSD {usd(cap)}; {usd(committed)} is spent or held, {usd(amount)} more exceeds it"
     )
-    fix = f"raise maxCostUSD of {what} to at least {_usd(committed + amount)}"
-    return _refuse(key, MAX_COST_REACHED, msg, fix)
+    fix = f"raise maxCostUSD of {what} to at least {usd(committed + amount)}"
+    return refused(key, MAX_COST_REACHED, msg, fix)
 
 
 def _charge_from(state: State, hold_id: str, hold: Hold, amount: int, key: str) -> _Handled:
     """Charge up to what the hold still reserves; usage beyond it is reported and recorded, not charged."""
     if amount < 0:
-        return _refuse(key, INVALID, f"charge of {amount} µ$", "charge zero or more"), []
+        return refused(key, INVALID, f"charge of {amount} µ$", "charge zero or more"), []
     charged = min(amount, held(state, hold_id))
     overrun = amount - charged
     hold.charged_micros += charged
     _record_overrun(state, hold, overrun)
-    entry = _entry(key, hold_account(hold_id), spend_account(hold.job), charged)
-    return Result(op_id=key, charged_micros=charged, overrun_micros=overrun), [entry]
+    moved = entry(key, hold_account(hold_id), spend_account(hold.job), charged)
+    return Result(op_id=key, charged_micros=charged, overrun_micros=overrun), [moved]
 
 
 def _record_overrun(state: State, hold: Hold, overrun: int) -> None:
@@ -612,33 +613,31 @@ def _record_overrun(state: State, hold: Hold, overrun: int) -> None:
 def _resolve(state: State, hold_id: str, hold: Hold, status: HoldStatus, rest: int) -> Entry:
     """Resolve the hold: the one entry id per hold that returns the rest, so it can resolve only once."""
     hold.status = status
-    return _entry(f"hold:{hold_id}:resolve", hold_account(hold_id), available_account(hold.project), rest)
+    return entry(f"hold:{hold_id}:resolve", hold_account(hold_id), available_account(hold.project), rest)
 
 
 def _open_hold(state: State, hold_id: str, key: str) -> tuple[Hold, Result] | tuple[None, Result]:
     hold = state.holds.get(hold_id)
     if hold is None:
         filed = filed_refusal(state, hold_id, key)
-        return None, filed or _refuse(key, NOT_FOUND, f"hold {hold_id} is not known", "place the hold first")
+        return None, filed or refused(key, NOT_FOUND, f"hold {hold_id} is not known", "place the hold first")
     if hold.status != "Open":
         msg = f"hold {hold_id} is already {hold.status.lower()}"
-        return None, _refuse(key, CONFLICT, msg, "place a new hold; a hold resolves once")
+        return None, refused(key, CONFLICT, msg, "place a new hold; a hold resolves once")
     return hold, Result(op_id=key)
 
 
 def _merge(state: State, hold_id: str, posted: list[Entry]) -> None:
     """Fold a tick's or an extension's entry into the hold's running one (same accounts, summed), so an
     open hold keeps two entries however long it runs. Balances already moved when it was posted."""
-    for entry in posted:
-        into = f"hold:{hold_id}:place" if entry.target == hold_account(hold_id) else f"hold:{hold_id}:charged"
-        del state.ledger[entry.id]
+    for one in posted:
+        into = f"hold:{hold_id}:place" if one.target == hold_account(hold_id) else f"hold:{hold_id}:charged"
+        del state.ledger[one.id]
         running = state.ledger.get(into)
         if running is None:
-            state.ledger[into] = Entry(
-                id=into, source=entry.source, target=entry.target, amount_micros=entry.amount_micros
-            )
+            state.ledger[into] = entry(into, one.source, one.target, one.amount_micros)
         else:
-            running.amount_micros += entry.amount_micros
+            running.amount_micros += one.amount_micros
 
 
 def _settle(state: State, hold_id: str) -> None:
@@ -658,18 +657,6 @@ def _settle(state: State, hold_id: str) -> None:
             target=spend_account(hold.job),
             amount_micros=hold.charged_micros,
         )
-
-
-def _entry(entry_id: str, source: str, target: str, amount: int) -> Entry:
-    return Entry(id=entry_id, source=source, target=target, amount_micros=amount)
-
-
-def _refuse(key: str, code: str, message: str, fix: str) -> Result:
-    return Result(op_id=key, ok=False, code=code, message=message, fix=fix)
-
-
-def _usd(micros: int) -> str:
-    return f"${micros_to_usd(micros)}"
 
 
 def _clone(state: State) -> State:

@@ -15,7 +15,7 @@ stays there.
 from __future__ import annotations
 
 from nodus_billing.accounting import Entry
-from nodus_billing.standing import CONFLICT, INVALID, NOT_FOUND, Pipeline, Result, State
+from nodus_billing.standing import CONFLICT, INVALID, NOT_FOUND, Pipeline, Result, State, refused
 from nodus_schema.wire import Wire
 
 
@@ -31,7 +31,7 @@ class PutPipeline(Wire, tag=True, tag_field="op"):
 def put_pipeline(state: State, op: PutPipeline, key: str) -> tuple[Result, list[Entry]]:
     old = state.pipelines.get(op.name)
     if old is not None and old.project != op.project:
-        return _refuse(key, CONFLICT, f"pipeline {op.name} belongs to {old.project}", "use another name"), []
+        return refused(key, CONFLICT, f"pipeline {op.name} belongs to {old.project}", "use another name"), []
     if old is None or op.generation > old.generation:
         state.pipelines[op.name] = Pipeline(
             project=op.project,
@@ -50,13 +50,9 @@ def stage_refusal(
         return None
     if sweep is not None:
         msg = f"a cell of sweep {sweep} is under its Sweep's Pipeline, not pipeline {pipeline} directly"
-        return _refuse(key, INVALID, msg, "put the cell with its Sweep only")
+        return refused(key, INVALID, msg, "put the cell with its Sweep only")
     known = state.pipelines.get(pipeline)
     if known is None or known.project != project:
         msg = f"pipeline {pipeline} is not known in project {project}"
-        return _refuse(key, NOT_FOUND, msg, "put the Pipeline before its stages")
+        return refused(key, NOT_FOUND, msg, "put the Pipeline before its stages")
     return None
-
-
-def _refuse(key: str, code: str, message: str, fix: str) -> Result:
-    return Result(op_id=key, ok=False, code=code, message=message, fix=fix)

@@ -484,10 +484,8 @@ def suspensions(state: State, increment_micros: int) -> list[Suspension]:
     for project in sorted({job.project for job in state.jobs.values()}):
         free = available(state, project)
         if free < increment_micros:
-            msg = (
-                f"project {project} has {_usd(free)} not held, under one increment ({_usd(increment_micros)})"
-            )
-            fix = f"add at least {_usd(increment_micros - free)} in credits"
+            msg = f"project {project} has {usd(free)} not held, under one increment ({usd(increment_micros)})"
+            fix = f"add at least {usd(increment_micros - free)} in credits"
             out.append(
                 Suspension(kind="Project", name=project, reason=INSUFFICIENT_CREDITS, message=msg, fix=fix)
             )
@@ -527,10 +525,16 @@ def _capped(
     kind: Literal["Job", "Sweep", "Pipeline"], name: str, cap: int, room: int, via: str = ""
 ) -> Suspension:
     owner = via or f"{kind.lower()} {name}"
-    msg = f"{kind} {name}: {_usd(max(room, 0))} left under the maxCostUSD {_usd(cap)} of {owner}"
-    fix = f"raise the maxCostUSD of {owner} above {_usd(cap - room)} to resume"
+    msg = f"{kind} {name}: {usd(max(room, 0))} left under the maxCostUSD {usd(cap)} of {owner}"
+    fix = f"raise the maxCostUSD of {owner} above {usd(cap - room)} to resume"
     return Suspension(kind=kind, name=name, reason=MAX_COST_REACHED, message=msg, fix=fix)
 
 
-def _usd(micros: int) -> str:
+def usd(micros: int) -> str:
+    """An amount for a sentence: ``$0.000123``."""
     return f"${micros_to_usd(micros)}"
+
+
+def refused(key: str, code: str, message: str, fix: str) -> Result:
+    """The refusal of the operation ``key``: nothing moved; asked again, it is judged again."""
+    return Result(op_id=key, ok=False, code=code, message=message, fix=fix)
