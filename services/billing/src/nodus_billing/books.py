@@ -166,18 +166,23 @@ class Books:
         return await done
 
     async def _commit(self, project: str) -> None:
+        batch: list[_Waiting] = []
         try:
             while batch := self._waiting.pop(project, []):
                 try:
                     results, state = await self._write(project, [w.steps for w in batch])
                 except Exception as e:  # every caller of this batch learns it; the next batch tries again
-                    for w in batch:
-                        if not w.done.done():
-                            w.done.set_exception(e)
+                    _fail(batch, e)
                     continue
                 for w, r in zip(batch, results, strict=True):
                     if not w.done.done():
                         w.done.set_result(Applied(r, state))
+        except BaseException:
+            # Cancelled mid-write (the loop shutting down, a client closing under it): no caller may wait
+            # for good on a committer that is gone, neither this batch's nor those queued behind it.
+            gone = Unavailable(f"the commit of the billing book of {project} was cancelled; retry")
+            _fail([*batch, *self._waiting.pop(project, [])], gone)
+            raise
         finally:
             # No await between the loop's last empty pop and this line: a caller that arrives after it
             # starts a new committer.
@@ -330,6 +335,12 @@ def _apply_in_place(
     except Exception:  # judged again a copy per step, which refuses that step alone and logs it
         return None
     return out, work
+
+
+def _fail(batch: list[_Waiting], error: BaseException) -> None:
+    for w in batch:
+        if not w.done.done():
+            w.done.set_exception(error)
 
 
 def _revision(book: Book) -> int:

@@ -281,10 +281,9 @@ class Metering:
         totals and dropped (``forgetting``), in the same commit."""
         if state is None:
             state = await self.books.read(ns, seen=_seen(views, ns))
-        keep = job_ref(name, live.metadata.uid) if live is not None and not settled(live) else None
         refs = {h.job for h in state.holds.values() if h.status != "Open" and h.job.rsplit("@", 1)[0] == name}
         ops: list[Step] = []
-        for ref in sorted(refs - {keep}):
+        for ref in sorted(refs):
             ids = await self.archive.record(ns, ref, state)
             if ids:
                 ops.append(File(job=ref, hold_ids=ids))
