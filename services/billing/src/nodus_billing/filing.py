@@ -28,7 +28,7 @@ before the filing.
 from __future__ import annotations
 
 from nodus_billing.accounting import Entry, accrue, available_account, retract
-from nodus_billing.standing import CONFLICT, NOT_FOUND, Hold, Job, Result, State, refused
+from nodus_billing.standing import CONFLICT, NOT_FOUND, Hold, Job, Result, State, own_job, refused
 from nodus_schema.wire import Wire
 
 
@@ -53,6 +53,7 @@ def file_holds(state: State, op: File, key: str) -> tuple[Result, list[Entry]]:
     job = state.jobs.get(op.job)
     if job is None:
         return refused(key, NOT_FOUND, f"job {op.job} is not known to billing", "put the Job first"), []
+    job = own_job(state, op.job)  # a copy of a book shares its Job records with the book it came from
     for hold_id in sorted(set(op.hold_ids)):
         hold = state.holds.get(hold_id)
         if hold is None or not fileable(hold, op.job, job):

@@ -68,6 +68,7 @@ from nodus_billing.standing import (
     held,
     matches,
     month_of,
+    own_job,
     refused,
     usd,
 )
@@ -605,7 +606,7 @@ def _record_overrun(state: State, hold: Hold, overrun: int) -> None:
     capture ask for it: it replaces the hold's last record (a tick past the funding asks again for what an
     earlier one recorded; an extension may pay for it later; the final charge settles it)."""
     before, hold.overrun_micros = hold.overrun_micros, overrun
-    job = state.jobs[hold.job]
+    job = own_job(state, hold.job)
     # Saturates: what Nodus absorbed is recorded, never charged, and a book cannot hold more than the bound.
     job.unbilled_micros = min(max(0, job.unbilled_micros + overrun - before), BOOK_MAX_MICROS)
 
@@ -660,6 +661,11 @@ def _settle(state: State, hold_id: str) -> None:
 
 
 def _clone(state: State) -> State:
-    # A full copy keeps apply() pure: the caller's state is never touched, so a crash between apply and the
-    # KV write loses nothing.
-    return msgspec.msgpack.decode(msgspec.msgpack.encode(state), type=State)
+    # A copy keeps apply() pure: the caller's state is never touched, so a crash between apply and the KV
+    # write loses nothing. The Job records are shared, not copied: they are most of a book's bytes (one per
+    # Job until it is forgotten, issue #23), a commit changes few of them, and the handlers that change one
+    # make it the copy's own first (standing.own_job). Everything else is copied whole.
+    shell = msgspec.structs.replace(state, jobs={})
+    new = msgspec.msgpack.decode(msgspec.msgpack.encode(shell), type=State)
+    new.jobs = dict(state.jobs)
+    return new

@@ -149,7 +149,7 @@ def unfiled(state: State, filed: Mapping[str, Hold], forgotten: Mapping[str, Job
                 whole.ledger[net] = Entry(
                     id=net, source=source, target=spend_account(name), amount_micros=hold.charged_micros
                 )
-        job.filed, job.filed_months = [], {}
+        whole.jobs[name] = msgspec.structs.replace(job, filed=[], filed_months={})  # shared with state
     whole.filed, whole.filed_covered_micros = {}, 0
     whole.balances = fold(whole.ledger.values())
     return whole

@@ -108,6 +108,18 @@ class Job(Wire):
         return sum(self.filed_months.values())
 
 
+def own_job(state: State, ref: str) -> Job:
+    """The Job's record, made ``state``'s own before it is changed in place: a copy of a book shares its Job
+    records with the book it was copied from (``holding.copied``), so a change to a shared one would
+    change both."""
+    job = state.jobs[ref]
+    mine = msgspec.structs.replace(
+        job, labels=dict(job.labels), filed=list(job.filed), filed_months=dict(job.filed_months)
+    )
+    state.jobs[ref] = mine
+    return mine
+
+
 class Forgotten(Wire):
     """What the deleted Jobs of one label set that the book forgot spent, by month (``forgetting``)."""
 
