@@ -114,6 +114,8 @@ log = logging.getLogger(__name__)
 
 STAMP_MS = 1000
 """The resolution of object times (metav1.Time: whole seconds)."""
+STARTING_MS = 5000
+"""How long a hold's cost waits for the Attempt it was placed for (``_starting``)."""
 MIN_RECHECK_MS = 250
 """The soonest a Job with an open hold is looked at again (a hold already short is checked this often)."""
 
@@ -264,7 +266,9 @@ class Metering:
         if booked and ref not in state.jobs:  # refused (a Sweep or Pipeline not known yet): the next pass
             return 1.0  # puts it
         block = await self._fund(views, job, ref, state, attempts, now)
-        written = await self._write_cost(views, job, ref, state, attempts)
+        written: Job | None = job
+        if not _starting(state, ref, attempts, now):
+            written = await self._write_cost(views, job, ref, state, attempts)
         if written is not None and settled(written):
             await self._file(views, ns, name, written, state)
         quiet = not _open_holds(state, refs) and block is None and not _running(attempts)
@@ -548,6 +552,18 @@ def _seen(views: Views, project: str) -> int | None:
         return 0
     rv = glance.metadata.resource_version
     return int(rv) if rv else None
+
+
+def _starting(state: State, ref: str, attempts: list[Attempt], now: int) -> bool:
+    """Whether a hold of the Job was placed moments ago for an Attempt the views do not show yet: the
+    scheduler creates the Attempt right after its hold, and its event meters the Job again, so the cost
+    is written then, once, with what is held and the run's rate (issue #23: not once for each). An
+    Attempt that does not come within :data:`STARTING_MS` does not hold the cost back any longer."""
+    names = {a.metadata.name for a in attempts}
+    return any(
+        hold.job == ref and hold.status == "Open" and h not in names and now - hold.placed_ms < STARTING_MS
+        for h, hold in state.holds.items()
+    )
 
 
 def _booked(state: State, job: Job, attempts: list[Attempt]) -> bool:
