@@ -103,7 +103,7 @@ from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_UID_LABEL, Attempt
 from nodus_schema.billing import FUNDING_BUCKET, Block, Funding
 from nodus_schema.costs import Cost, CostSegments
 from nodus_schema.holds import HOLD_WINDOW_MS, STOP_MARGIN_MS, resume_micros, stop_margin_ms
-from nodus_schema.jobs import TERMINAL_PHASES, Job, RecoveryStatus
+from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta, format_time
 from nodus_schema.pipelines import Pipeline
@@ -503,7 +503,8 @@ class Metering:
         is the revision this pass judged (or its own write on top of it); None when the store held a newer
         one (or none): the write-through then hides that revision's event from the view, and queues the
         Job again for the next pass to judge it."""
-        cost, recovery = _costs(job, ref, state, attempts)
+        cost = cost_of(job, ref, state, attempts)
+        recovery = recovery_of(job, state, attempts)
         if (job.status.cost, job.status.recovery) == (cost, recovery):
             return job
         found: list[str | None] = []  # the revision each try of the mutate wrote onto
@@ -512,13 +513,9 @@ class Metering:
             found.append(current.metadata.resource_version)
             if current.metadata.uid != job.metadata.uid:
                 return None
-            # Judged again on the revision it is written onto: when the scheduler wrote meanwhile (the
-            # run's end, then the Job's), this one write carries what that revision calls for, final
-            # included, where the cost judged on the older one took a second write (issue #23).
-            now = (cost, recovery) if current is job else _costs(current, ref, state, attempts)
-            if (current.status.cost, current.status.recovery) == now:
+            if (current.status.cost, current.status.recovery) == (cost, recovery):
                 return None
-            status = msgspec.structs.replace(current.status, cost=now[0], recovery=now[1])
+            status = msgspec.structs.replace(current.status, cost=cost, recovery=recovery)
             return msgspec.structs.replace(current, status=status)
 
         try:
@@ -664,11 +661,6 @@ def _block(state: State, ref: str, code: str, room: int, rate: int, margin_ms: i
         message = f"project {job.project} has {left} of credits not held"
         fix = f"Grant the project at least ${micros_to_usd(max(need - room, 0))} (nodus credits grant)."
     return Block(reason=code, message=message, fix=fix, rate_micros_per_hour=rate)
-
-
-def _costs(job: Job, ref: str, state: State, attempts: list[Attempt]) -> tuple[Cost, RecoveryStatus | None]:
-    """What billing writes of the Job: ``status.cost`` and ``status.recovery``."""
-    return cost_of(job, ref, state, attempts), recovery_of(job, state, attempts)
 
 
 def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
