@@ -265,6 +265,11 @@ class Metering:
         ref = job_ref(name, job.metadata.uid)
         if booked and ref not in state.jobs:  # refused (a Sweep or Pipeline not known yet): the next pass
             return 1.0  # puts it
+        if job.status.phase in TERMINAL_PHASES and _unaccounted(state, job, ref, attempts):
+            # A run of the ended Job whose hold this book does not show: placed by a commit the books'
+            # glance has not shown yet (another replica's hold endpoint; a watch resuming after a lost
+            # server). Its cost is judged on the book as stored, never final without that run.
+            state = await self.books.read(ns)
         block = await self._fund(views, job, ref, state, attempts, now)
         written: Job | None = job
         if not _starting(state, ref, attempts, now):
@@ -560,6 +565,21 @@ def _starting(state: State, ref: str, attempts: list[Attempt], now: int) -> bool
     return any(
         hold.job == ref and hold.status == "Open" and h not in names and now - hold.placed_ms < STARTING_MS
         for h, hold in state.holds.items()
+    )
+
+
+def _unaccounted(state: State, job: Job, ref: str, attempts: list[Attempt]) -> bool:
+    """Whether a run of this Job (its uid) has no hold in ``state``, open, settled or filed: the book is
+    older than that run's hold (a Job whose runs billing never funded reads the store each pass until its
+    cost is final, then never again)."""
+    record = state.jobs.get(ref)
+    filed = set(record.filed) if record is not None else set()
+    uid = job.metadata.uid
+    return any(
+        a.metadata.labels.get(JOB_UID_LABEL) == uid
+        and a.metadata.name not in state.holds
+        and a.metadata.name not in filed
+        for a in attempts
     )
 
 

@@ -1,0 +1,125 @@
+"""A Job's final cost counts every run, even one whose hold the leader's glance of the books has not shown
+yet: the hold placed by another replica's endpoint, and the glance's watch resuming after a lost server.
+The meter reads the book it kept when the glance shows nothing newer; a run of an ended Job that book
+does not show makes it read the book as stored (``metering._unaccounted``).
+
+The rig's billing service without the scheduler: the Attempts and the Job's phase are written here as the
+scheduler would write them, and the glance is held back by stopping its informer (it stays listed)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from nodus_billing.archiving import Archive
+from nodus_billing.books import Books
+from nodus_billing.holding import PlaceHold
+from nodus_billing.metering import job_ref
+from nodus_billing.service import BillingService
+from nodus_billing.standing import job_spent
+from nodus_kit import messaging
+from nodus_schema.attempts import JOB_LABEL, JOB_UID_LABEL, Attempt, AttemptSpec, AttemptStatus
+from nodus_schema.billing import HOLD_SUBJECT, HoldReply, HoldRequest
+from nodus_schema.jobs import Job
+from nodus_schema.meta import ObjectMeta, now_rfc3339
+from nodus_schema.quantities import usd_to_micros
+from nodus_testing.waiting import eventually
+
+pytestmark = pytest.mark.timeout(120)
+
+TERMS = {"NODUS_METER_TICK_S": "0.5", "NODUS_STARTING_CREDITS_USD": "1"}
+RATE = 790_000  # l4-x1-us, µ$/h
+
+
+def _run(job: Job, name: str, index: int) -> Attempt:
+    """A finished run of the Job: ten seconds on the node's clock, ended a second ago."""
+    stop = int(time.time() * 1000) - 1_000
+    spec = AttemptSpec(
+        job=job.metadata.name or "",
+        index=index,
+        attempt=1,
+        node="n",
+        offering="l4-x1-us",
+        region_class="us",
+        rate_micros_per_hour=RATE,
+        pricebook_version="v",
+    )
+    status = AttemptStatus(
+        phase="Succeeded",
+        reason="Completed",
+        start_time=now_rfc3339(),
+        finish_time=now_rfc3339(),
+        billing_start_ms=stop - 10_000,
+        program_start_ms=stop - 9_000,
+        billing_stop_ms=stop,
+    )
+    labels = {JOB_LABEL: job.metadata.name or "", JOB_UID_LABEL: job.metadata.uid or ""}
+    return Attempt(metadata=ObjectMeta(name=name, namespace="t", labels=labels), spec=spec, status=status)
+
+
+def _ended(job: Job) -> Job:
+    return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, phase="Succeeded"))
+
+
+async def test_an_ended_jobs_final_cost_counts_a_run_the_glance_has_not_shown(
+    make_rig: Callable[..., Any],
+) -> None:
+    async with make_rig(funding=True, scheduler=False) as rig:
+        billing: BillingService = await rig.start_billing(**TERMS)
+        job = await rig.submit("two", completions=2)
+        ref = job_ref("two", job.metadata.uid)
+        ask = HoldRequest(
+            namespace="t",
+            job="two",
+            job_uid=job.metadata.uid or "",
+            attempt="two-a1",
+            rate_micros_per_hour=RATE,
+            window_millis=600_000,
+        )
+        assert (await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)).ok
+        await rig.attempts.create(_run(job, "two-a1", 0))
+
+        async def captured() -> bool:
+            state = await Books(rig.nc).read("t")
+            assert state.holds["two-a1"].status == "Captured", state.holds
+            return True
+
+        await eventually(captured, deadline_s=20, message="the first run is captured")
+
+        def glanced() -> bool:
+            book = billing.views.books.get(None, "t")
+            return book is not None and not book.open_holds()
+
+        await eventually(glanced, deadline_s=20, message="the glance shows the capture")
+        await billing.views.books.stop()  # the glance holds still from here, listed as it was
+
+        # Another replica funds the second run: this replica's kept book never sees that commit.
+        now = int(time.time() * 1000)
+        place = PlaceHold(
+            hold_id="two-a2",
+            job=ref,
+            amount_micros=131_667,
+            funded_until_ms=now + 600_000,
+            at_ms=now - 12_000,
+            rate_micros_per_hour=RATE,
+        )
+        assert (await Books(rig.nc).apply("t", [place])).results[0].ok  # type: ignore[union-attr]
+        await rig.attempts.create(_run(job, "two-a2", 1))
+        await rig.jobs.mutate("t", "two", _ended)
+
+        async def final() -> Job:
+            ended = await rig.job("two")
+            assert ended.status.cost is not None and ended.status.cost.final, ended.status.cost
+            return ended
+
+        ended = await eventually(final, deadline_s=30, message="the Job's cost becomes final")
+        state = await Books(rig.nc).read("t")
+        assert all(h.status != "Open" for h in state.holds.values()), f"final with a run open: {state.holds}"
+        runs = await Archive(rig.nc).runs("t", state)  # filed out of the book once final, or not yet
+        assert runs["two-a2"].status == "Captured" and runs["two-a2"].charged_micros > 0, runs
+        assert ended.status.cost is not None
+        assert usd_to_micros(ended.status.cost.total_usd or "0") == job_spent(state, ref), "both runs"
