@@ -21,21 +21,25 @@ async def test_a_cancelled_commit_fails_its_callers_and_the_next_one_writes(nc: 
     books = Books(nc)
     await books.apply("cancelled", [Grant(grant_id="first", project="cancelled", amount_micros=1)])
     update = books.store.update
-    entered = asyncio.Event()
+    entered, queued, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     async def cancelled(book: Any) -> Any:
         entered.set()
-        await asyncio.sleep(0)  # the second caller queues behind this write
+        await release.wait()  # until the second caller has queued behind this write
         raise asyncio.CancelledError
+
+    async def behind() -> Any:
+        queued.set()  # apply queues the caller before its first await: queued once this task waits
+        return await books.apply("cancelled", [Grant(grant_id="b", project="cancelled", amount_micros=3)])
 
     books.store.update = cancelled  # type: ignore[method-assign]
     first = asyncio.create_task(
         books.apply("cancelled", [Grant(grant_id="a", project="cancelled", amount_micros=2)])
     )
     await entered.wait()
-    second = asyncio.create_task(
-        books.apply("cancelled", [Grant(grant_id="b", project="cancelled", amount_micros=3)])
-    )
+    second = asyncio.create_task(behind())
+    await queued.wait()
+    release.set()
     _, pending = await asyncio.wait({first, second}, timeout=10)
     assert not pending, "a caller waits for good on a committer that is gone"
     for task in (first, second):

@@ -59,20 +59,20 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import msgspec
 from nats.aio.client import Client as NATS
 
 from nodus_billing.archiving import Archive
 from nodus_billing.books import Books, Planner, Step
+from nodus_billing.costing import cost_of, warm_pending
 from nodus_billing.forgetting import forgettable, named
 from nodus_billing.holding import Capture, Charge, ExtendHold, File, Forget, Op, Release
 from nodus_billing.putting import job_ref as job_ref  # re-exported: the book's names of Jobs
 from nodus_billing.putting import pipeline_ref_of, puts, stored, viewed
 from nodus_billing.putting import sweep_ref_of as sweep_ref_of
 from nodus_billing.recovering import recovery_of
-from nodus_billing.segmenting import RUNNING, charged, usage_ms, usage_of
+from nodus_billing.segmenting import charged, usage_ms, usage_of
 from nodus_billing.settings import METER_TICK_MS, ORPHAN_HOLD_MS, BillingSettings
 from nodus_billing.standing import (
     Hold,
@@ -80,8 +80,6 @@ from nodus_billing.standing import (
     Usage,
     binding_cap,
     held,
-    job_held,
-    job_spent,
     month_of,
     room_for,
     siblings,
@@ -101,11 +99,10 @@ from nodus_kit.errors import AlreadyExists, Conflict, NotFound
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import ATTEMPT_TERMINAL, JOB_UID_LABEL, Attempt
 from nodus_schema.billing import FUNDING_BUCKET, Block, Funding
-from nodus_schema.costs import Cost, CostSegments
 from nodus_schema.holds import HOLD_WINDOW_MS, STOP_MARGIN_MS, resume_micros, stop_margin_ms
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
-from nodus_schema.meta import ObjectMeta, format_time
+from nodus_schema.meta import ObjectMeta
 from nodus_schema.pipelines import Pipeline
 from nodus_schema.quantities import micros_to_usd
 from nodus_schema.sweeps import Sweep
@@ -421,7 +418,7 @@ class Metering:
         ended = False
         for a in attempts:
             hold = state.holds.get(a.metadata.name or "")
-            if not _warm(a) or hold is None or hold.status != "Open":
+            if not warm_pending(a) or hold is None or hold.status != "Open":
                 continue
             end = end_of_funding(hold, a, self._reusers(a), now, self.terms.tick_ms)
             if end is None:
@@ -634,11 +631,6 @@ def funded_until(hold: Hold, reserved_left: int, billing_start_ms: int) -> int:
     return billing_start_ms + paid * MICROS_PER_HOUR_MS // rate
 
 
-def _warm(a: Attempt) -> bool:
-    """A finished run whose node may still be kept warm (its hold, while open, is charged at its rate)."""
-    return a.status.warm_until_ms is not None and a.status.warm_end_ms is None
-
-
 def _running(attempts: list[Attempt]) -> bool:
     return any(a.status.phase not in ATTEMPT_TERMINAL for a in attempts)
 
@@ -681,50 +673,3 @@ def _block(state: State, ref: str, code: str, room: int, rate: int, margin_ms: i
         message = f"project {job.project} has {left} of credits not held"
         fix = f"Grant the project at least ${micros_to_usd(max(need - room, 0))} (nodus credits grant)."
     return Block(reason=code, message=message, fix=fix, rate_micros_per_hour=rate)
-
-
-def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
-    """status.cost of a Job from the book: spent, held, rate, segments, funding, final."""
-    holds = {h: hold for h, hold in state.holds.items() if hold.job == ref}
-    open_ = {h: hold for h, hold in holds.items() if hold.status == "Open"}
-    segments: dict[str, int] = {}
-    covered: set[str] = set()
-    for hold in holds.values():
-        if hold.usage is not None:
-            for seg, amount in hold.usage.segments.items():
-                segments[seg] = segments.get(seg, 0) + amount
-            covered |= set(hold.usage.covered)
-        elif hold.charged_micros:
-            segments[RUNNING] = segments.get(RUNNING, 0) + hold.charged_micros
-    live = {a.metadata.name for a in attempts if a.status.phase not in ATTEMPT_TERMINAL or _warm(a)}
-    rate = sum(hold.rate_micros_per_hour for h, hold in open_.items() if h in live)
-    uid = job.metadata.uid
-    mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
-    final = (
-        job.status.phase in TERMINAL_PHASES
-        and not open_
-        and all(a.status.phase in ATTEMPT_TERMINAL for a in mine)
-    )
-    until = max((hold.funded_until_ms for hold in open_.values()), default=None)
-    return Cost(
-        total_usd=micros_to_usd(job_spent(state, ref)),
-        held_usd=micros_to_usd(job_held(state, ref)),
-        rate_usd_per_hour=micros_to_usd(rate),
-        limit_usd=job.spec.max_cost_usd,
-        by_segment=_segments(segments, covered) if segments or covered else None,
-        funded_until_time=format_time(datetime.fromtimestamp(until / 1000, UTC)) if until else None,
-        final=final,
-    )
-
-
-def _segments(amounts: dict[str, int], covered: set[str]) -> CostSegments:
-    def usd(seg: str) -> str | None:
-        return micros_to_usd(amounts[seg]) if seg in amounts else None
-
-    return CostSegments(
-        boot_usd=usd("Boot"),
-        running_usd=usd("Running"),
-        restore_usd=usd("Restore"),
-        teardown_usd=usd("Teardown"),
-        covered_by_nodus=sorted(covered),
-    )
