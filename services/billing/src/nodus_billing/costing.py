@@ -18,6 +18,20 @@ def warm_pending(a: Attempt) -> bool:
     return a.status.warm_until_ms is not None and a.status.warm_end_ms is None
 
 
+def runs_shown(job: Job, mine: list[Attempt]) -> bool:
+    """Whether ``mine`` (the Attempts of the Job's uid at hand) holds the latest run of every index the
+    Job's status counts. The scheduler writes ``status.attempts`` (the sum over indexes of the highest
+    attempt number, a gang's members counting once) with the phase, from the Attempts it saw; a view of
+    the Attempts that lags the view of the Jobs (each follows its own watch, and one resumes after a lost
+    server before the other) shows an ended Job without its last runs. A cost judged final on that view
+    would leave those runs out for good (their holds too, when the book read lags as well), so it waits
+    for them: a watch delivers in order, so the latest run of an index comes after all of its others."""
+    tries: dict[int, int] = {}
+    for a in mine:
+        tries[a.spec.index] = max(tries.get(a.spec.index, 0), a.spec.attempt)
+    return sum(tries.values()) >= (job.status.attempts or 0)
+
+
 def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
     """status.cost of a Job from the book: spent, held, rate, segments, funding, final."""
     holds = {h: hold for h, hold in state.holds.items() if hold.job == ref}
@@ -39,6 +53,7 @@ def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
         job.status.phase in TERMINAL_PHASES
         and not open_
         and all(a.status.phase in ATTEMPT_TERMINAL for a in mine)
+        and runs_shown(job, mine)
     )
     until = max((hold.funded_until_ms for hold in open_.values()), default=None)
     return Cost(

@@ -33,15 +33,16 @@ every replica, and a hold is sized on what is stored.
 do for until something it watches changes. Either
 
 * *final*: it ended and its cost is final (:func:`settled`): billing writes ``final`` only once no hold of
-  it is open and every Attempt of it has ended, and nothing but its deletion changes that; or
-* *at rest* (a Suspended Job, a Job waiting for capacity): the last reconcile of this revision of the Job
-  read the book and found no open hold of it, no Attempt of it running, no block, and its ``status.cost``
-  as the book says; and since then no Attempt of it runs (the Attempts' index), no book holds an open hold
-  of it (the books' glance) and billing does not block it (the funding view). The Job's own status is not
-  enough on its own: a ``status.cost`` with nothing held may predate a hold placed since, and one written
-  before a crash may lag a capture; the reconcile's word on the book, kept per revision (and forgotten
-  at each new term as leader), is. A blocked Job is never at rest: credits granted on another replica
-  only reach it by the resync.
+  it is open, every Attempt of it has ended and the view shows every run its status counts
+  (``costing.runs_shown``), and nothing but its deletion changes that; or
+* *at rest* (a Suspended Job, a Job waiting for capacity; never an ended one): the last reconcile of this
+  revision of the Job read the book and found no open hold of it, no Attempt of it running, no block, and
+  its ``status.cost`` as the book says; and since then no Attempt of it runs (the Attempts' index), no book
+  holds an open hold of it (the books' glance) and billing does not block it (the funding view). The Job's
+  own status is not enough on its own: a ``status.cost`` with nothing held may predate a hold placed since,
+  and one written before a crash may lag a capture; the reconcile's word on the book, kept per revision (and
+  forgotten at each new term as leader), is. A blocked Job is never at rest: credits granted on another
+  replica only reach it by the resync.
 
 The reconcile of a settled Job returns at once (the echo of billing's own cost write, a report, a Sweep's
 event): no book read. Nor does a deleted Job with nothing of it held or running read one.
@@ -274,7 +275,9 @@ class Metering:
         if written is not None and settled(written):
             await self._file(views, ns, name, written, state)
         quiet = not _open_holds(state, refs) and block is None and not _running(attempts)
-        self._rested(key, written, at_rest=quiet)
+        # An ended Job is never at rest: its cost is final (settled) or waits for a run the views have not
+        # shown (costing.runs_shown), whose event must find it.
+        self._rested(key, written, at_rest=quiet and job.status.phase not in TERMINAL_PHASES)
         return self._next(state, {ref})
 
     async def _file(
