@@ -15,6 +15,7 @@ from nodus_billing.archiving import record_name, settled_of
 from nodus_billing.holding import (
     Capture,
     File,
+    Forget,
     Grant,
     Op,
     PlaceHold,
@@ -135,6 +136,19 @@ def test_the_usage_report_reads_the_filed_runs_from_history_and_the_rest_from_th
     runs = {**history, **after.holds}  # what Archive.runs reads
     assert usage_rows(after, "p", None, runs) == usage_rows(before, "p", None)
     assert [r.attempt for r in usage_rows(after, "p", "2026-02", runs)] == ["c0-b"]
+
+
+def test_the_usage_report_names_a_forgotten_cells_sweep_from_its_history() -> None:
+    """A final cell's record leaves the book with its runs (forgetting): its history record keeps the Sweep
+    the report names (``JobHistory.sweep``)."""
+    before = book()
+    after, history = filed(before, "c0@1")
+    after, result = run(after, Forget(job="c0@1"))
+    assert result.ok and "c0@1" not in after.jobs
+    runs = {**history, **after.holds}
+    assert usage_rows(after, "p", None, runs, {"c0@1": "s@1"}) == usage_rows(before, "p", None)
+    unnamed = {r.sweep for r in usage_rows(after, "p", None, runs) if r.attempt.startswith("c0")}
+    assert unnamed == {None}, "the book alone no longer knows it"
 
 
 def test_a_late_operation_on_a_filed_hold_is_a_conflict_never_a_new_hold() -> None:

@@ -1,6 +1,6 @@
-"""A project's book keeps what is open, not its history (issue #23): the runs of a Job that ended are filed
-into the ``history`` bucket, and a deleted Job's record is folded into the book's totals, while the account
-and the usage report say what they said before.
+"""A project's book keeps what is open, not its history (issue #23): the runs of a Job whose cost is final are
+filed into the ``history`` bucket and its record is folded into the book's totals, while the account and
+the usage report say what they said before; deleting the Job then changes none of it.
 
 The rig is the scheduler's (a real nats-server, the real scheduler, a scripted fleet) with the real billing
 service in the same process, on short terms; the account and the usage are asked over the bus, as the
@@ -18,12 +18,15 @@ from nodus_billing.accounting import fold
 from nodus_billing.archiving import Archive, record_name
 from nodus_billing.books import Books
 from nodus_billing.metering import job_ref
-from nodus_kit import messaging
+from nodus_kit import errors, messaging
 from nodus_schema.billing import (
     ACCOUNT_SUBJECT,
+    HOLD_SUBJECT,
     USAGE_SUBJECT,
     AccountRequest,
     AccountView,
+    HoldReply,
+    HoldRequest,
     UsageReply,
     UsageRequest,
 )
@@ -49,7 +52,7 @@ async def _account(rig: Any) -> AccountView:
     return await messaging.request(rig.nc, ACCOUNT_SUBJECT, AccountRequest(project="t"), AccountView)
 
 
-async def test_a_finished_jobs_runs_are_filed_and_a_deleted_jobs_record_is_forgotten(
+async def test_a_finished_jobs_runs_are_filed_and_its_record_is_forgotten(
     make_rig: Callable[..., Any],
 ) -> None:
     async with make_rig(funding=True) as rig:
@@ -69,11 +72,13 @@ async def test_a_finished_jobs_runs_are_filed_and_a_deleted_jobs_record_is_forgo
         async def filed() -> Any:
             state = await Books(rig.nc).read("t")
             assert not state.holds, "its runs left the book"
-            assert set(state.jobs[ref].filed) == attempts
+            assert ref not in state.jobs, "and so did its record"
             return state
 
         state = await eventually(filed, deadline_s=20, message="the finished Job's runs are filed")
         assert state.balances["project:t:filed"] == spent and f"spend:{ref}" not in state.balances
+        assert [(r.jobs, sum(r.months.values())) for r in state.forgotten] == [(1, spent)]
+        assert state.balances == fold(state.ledger.values()) and sum(state.balances.values()) == 0
         record = await Archive(rig.nc).store.get("t", record_name(ref))
         assert set(record.holds) == attempts and all(h.status == "Captured" for h in record.holds.values())
         before = await _usage(rig)
@@ -81,15 +86,31 @@ async def test_a_finished_jobs_runs_are_filed_and_a_deleted_jobs_record_is_forgo
         assert sorted(r.attempt for r in before.rows) == sorted(attempts), "the report reads the history"
         assert account.spent_micros == spent and account.open_holds == 0
 
+        # A hold asked for the ended Job (a scheduler's late request) is refused: none would be metered.
+        late = HoldRequest(
+            namespace="t",
+            job="gone",
+            job_uid=job.metadata.uid or "",
+            attempt="gone-late",
+            rate_micros_per_hour=790_000,
+            window_millis=4_000,
+        )
+        with pytest.raises(errors.Conflict, match="has ended"):
+            await messaging.request(rig.nc, HOLD_SUBJECT, late, HoldReply)
+        assert ref not in (await Books(rig.nc).read("t")).jobs, "the refusal put nothing in the book"
+
         await rig.jobs.delete("t", "gone")
-
-        async def forgotten() -> Any:
-            state = await Books(rig.nc).read("t")
-            assert ref not in state.jobs, "the deleted Job's record left the book"
-            return state
-
-        state = await eventually(forgotten, deadline_s=20, message="the deleted Job's record is forgotten")
-        assert [(r.jobs, sum(r.months.values())) for r in state.forgotten] == [(1, spent)]
-        assert state.balances == fold(state.ledger.values()) and sum(state.balances.values()) == 0
+        await eventually(
+            lambda: rig.billing.views.jobs.get("t", "gone") is None,
+            deadline_s=20,
+            message="billing sees the Job deleted",
+        )
+        await rig.billing.metering.reconcile(("t", "gone"))  # the pass of the deletion, done here too
+        after = await Books(rig.nc).read("t")
+        assert (after.jobs, after.forgotten, after.balances) == (
+            state.jobs,
+            state.forgotten,
+            state.balances,
+        ), "nothing of it was left to forget"
         assert await _account(rig) == account, "the account says what it said"
         assert (await _usage(rig)).rows == before.rows, "and so does the usage report"

@@ -34,7 +34,7 @@ from nodus_billing.accounting import fold, post
 from nodus_billing.archiving import Archive
 from nodus_billing.books import REPAIRED, Book, Books
 from nodus_billing.holding import Capture, Charge, Grant, Op, PlaceHold, PutBudget, PutJob, decode, encode
-from nodus_billing.metering import Metering, Terms
+from nodus_billing.metering import Metering, Terms, job_ref
 from nodus_billing.repairing import encodable, repair
 from nodus_billing.serving import Holds, serve_accounts
 from nodus_billing.standing import BOOK_MAX_MICROS, Hold, State, Usage, available
@@ -479,11 +479,14 @@ async def test_after_the_poison_the_projects_jobs_are_funded_and_the_gone_jobs_h
 
         async def released() -> State:
             # Released, then filed out of the book (filing); the deleted Job's record, and that of the Job
-            # whose cap poisoned the book (no such Job is stored), folded into its totals (forgetting).
+            # whose cap poisoned the book (no such Job is stored), folded into its totals (forgetting), as
+            # the finished Job's is once its cost is final.
             state: State = await billing.books.read("t")
             assert "gone-0-1" not in state.holds, state.holds.get("gone-0-1")
-            assert not {"gone@uid-gone", "big@uid-big"} & set(state.jobs), list(state.jobs)
-            assert [(row.jobs, row.months) for row in state.forgotten] == [(2, {})], "they spent nothing"
+            after = job_ref("after", job.metadata.uid)
+            assert not {"gone@uid-gone", "big@uid-big", after} & set(state.jobs), list(state.jobs)
+            rows = [(row.jobs, sum(row.months.values())) for row in state.forgotten]
+            assert rows == [(3, spent)], "the two spent nothing, the finished Job its cost"
             filed = await Archive(rig.nc).holds("t")
             assert filed["gone-0-1"].status == "Released", filed.get("gone-0-1")
             return state

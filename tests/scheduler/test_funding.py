@@ -25,7 +25,7 @@ from nodus_billing.archiving import Archive
 from nodus_billing.books import Books
 from nodus_billing.holding import encode
 from nodus_billing.metering import job_ref
-from nodus_billing.standing import Hold, job_spent
+from nodus_billing.standing import Hold
 from nodus_kit import messaging
 from nodus_kit.storing import ObjectStore
 from nodus_schema.attempts import Attempt
@@ -107,7 +107,8 @@ async def test_a_run_is_held_before_it_starts_and_charged_exactly_once(make_rig:
         holds = await runs_of(rig, "t", state)
         assert {h.job for h in holds.values()} == {ref} and len(holds) == len(attempts)
         assert all(h.status == "Captured" for h in holds.values()), "every hold resolved"
-        assert sorted(state.jobs[ref].filed) == sorted(holds), "filed out of the book, ids kept"
+        assert ref not in state.jobs, "filed out of the book, and the final Job's record folded in its totals"
+        assert [(r.jobs, sum(r.months.values())) for r in state.forgotten] == [(1, want)]
 
         # The same finish report delivered three more times (new message ids, past the dedup window):
         # nothing more is charged.
@@ -339,7 +340,8 @@ async def test_killing_billing_twenty_times_during_200_completions_charges_every
         )
         assert sum(h.charged_micros for h in holds.values()) == want, "no double charge, nothing lost"
         assert state.balances["project:t:available"] == 100_000_000 - want
-        assert job_spent(state, job_ref("paid", job.metadata.uid)) == want, "filed or not, spent exactly"
+        assert job_ref("paid", job.metadata.uid) not in state.jobs, "its record folded in the book's totals"
+        assert sum(sum(r.months.values()) for r in state.forgotten) == want, "filed or not, spent exactly"
         # The book stays small: a settled run leaves one netted entry (none once filed), no results.
         settled = {f"hold:{h}:settled" for h in state.holds}
         assert {e for e in state.ledger if e.startswith("hold:")} <= settled

@@ -39,6 +39,9 @@ class JobHistory(Wire):
     entries: dict[str, Entry] = msgspec.field(default_factory=dict)
     """Each hold's netted ledger entry as the book had it (``hold:<id>:settled``; none for a run that
     charged nothing)."""
+    sweep: str | None = None
+    """The book's name of the Job's Sweep (a cell), which the usage report names once the book has
+    forgotten the Job (``forgetting``; records written before it say None: the book still has those)."""
 
 
 def record_name(ref: str) -> str:
@@ -69,25 +72,38 @@ class Archive:
         entries = {e: state.ledger[e] for h in holds if (e := f"hold:{h}:settled") in state.ledger}
         name = record_name(ref)
         meta = ObjectMeta(name=name, namespace=project)
+        sweep = state.jobs[ref].sweep  # settled_of found the record
         try:
-            await self.store.create(JobHistory(metadata=meta, job=ref, holds=holds, entries=entries))
+            await self.store.create(
+                JobHistory(metadata=meta, job=ref, holds=holds, entries=entries, sweep=sweep)
+            )
         except AlreadyExists:
 
             def add(current: JobHistory) -> JobHistory | None:
-                if holds.keys() <= current.holds.keys():
+                if holds.keys() <= current.holds.keys() and current.sweep == sweep:
                     return None  # written by an earlier pass that did not get to file them
                 merged = {**current.holds, **holds}
-                return msgspec.structs.replace(current, holds=merged, entries={**current.entries, **entries})
+                return msgspec.structs.replace(
+                    current, holds=merged, entries={**current.entries, **entries}, sweep=sweep
+                )
 
             await self.store.mutate(project, name, add)
         return sorted(holds)
 
+    async def records(self, project: str) -> list[JobHistory]:
+        """Every Job's history record of the project."""
+        return list((await self.store.list(project)).items)
+
     async def holds(self, project: str) -> dict[str, Hold]:
         """Every hold filed out of the project's book, by id."""
-        page = await self.store.list(project)
-        return {h: hold for record in page.items for h, hold in record.holds.items()}
+        return filed_holds(await self.records(project))
 
     async def runs(self, project: str, state: State) -> dict[str, Hold]:
         """Every run's hold of the project: those filed, and those in its book ``state`` (the book's copy
         of one in both: written by a pass that did not get to file it)."""
         return {**(await self.holds(project)), **state.holds}
+
+
+def filed_holds(records: list[JobHistory]) -> dict[str, Hold]:
+    """The holds of these history records, by id."""
+    return {h: hold for record in records for h, hold in record.holds.items()}

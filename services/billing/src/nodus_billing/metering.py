@@ -207,8 +207,8 @@ class Metering:
             if not (views.running(ns, name) or views.held(ns, name) or views.booked(ns, name)):
                 return None  # deleted with nothing of it held, running or in a book: no book to read
             return await self._reconcile(views, key, None, now)
-        if settled(job) and views.unfiled(ns, name):
-            await self._file(views, ns, name, job)  # a pass cut short, or a book older than filing
+        if settled(job) and (views.unfiled(ns, name) or views.booked(ns, name)):
+            await self._file(views, ns, name)  # a pass cut short, or a book older than forgetting
             return None
         if self.settled(job):
             return None  # nothing left to charge, hold, write or file: no book read (issue #19)
@@ -222,7 +222,7 @@ class Metering:
         views = self.views
         key = (job.metadata.namespace or "", job.metadata.name or "")
         if settled(job):
-            return views is None or not views.unfiled(*key)
+            return views is None or not (views.unfiled(*key) or views.booked(*key))
         if views is None or self._rest.get(key) != job.metadata.resource_version:
             return False
         return not (views.running(*key) or views.held(*key) or views.blocks(job))
@@ -258,7 +258,7 @@ class Metering:
             self.requeue(key, 0.0)  # captured by the next pass
         if job is None:
             if not _open_holds(state, refs):
-                await self._file(views, ns, name, None, state)
+                await self._file(views, ns, name, state)
             return self._next(state, refs)
         ref = job_ref(name, job.metadata.uid)
         if booked and ref not in state.jobs:  # refused (a Sweep or Pipeline not known yet): the next pass
@@ -273,21 +273,21 @@ class Metering:
         if not _starting(state, ref, attempts, now):
             written = await self._write_cost(views, job, ref, state, attempts)
         if written is not None and settled(written):
-            await self._file(views, ns, name, written, state)
+            await self._file(views, ns, name, state)
         quiet = not _open_holds(state, refs) and block is None and not _running(attempts)
         # An ended Job is never at rest: its cost is final (settled) or waits for a run the views have not
         # shown (costing.runs_shown), whose event must find it.
         self._rested(key, written, at_rest=quiet and job.status.phase not in TERMINAL_PHASES)
         return self._next(state, {ref})
 
-    async def _file(
-        self, views: Views, ns: str, name: str, live: Job | None, state: State | None = None
-    ) -> None:
-        """File the settled runs of the Jobs of this name that are final (``live``, its cost written
-        final) or gone out of the book: to the history bucket first, then out of the book (``filing``).
-        A Job still metered keeps its runs in the book: its cost and recovery are read from them. The
-        records of the gone ones (any but ``live``) left with no run in the book are folded into its
-        totals and dropped (``forgetting``), in the same commit."""
+    async def _file(self, views: Views, ns: str, name: str, state: State | None = None) -> None:
+        """File the settled runs of the Jobs of this name, the Job of the name being final (its cost
+        written final) or gone: to the history bucket first, then out of the book (``filing``). A Job
+        still metered keeps its runs in the book: its cost and recovery are read from them. The records
+        of them all left with no run in the book are folded into its totals and dropped (``forgetting``),
+        in the same commit: a final Job needs nothing of the book again (its cost is written, and the
+        meter never looks at it again), so the book holds the Jobs still metered, not every Job a project
+        keeps."""
         if state is None:
             state = await self.books.read(ns, seen=_seen(views, ns))
         refs = {h.job for h in state.holds.values() if h.status != "Open" and h.job.rsplit("@", 1)[0] == name}
@@ -296,12 +296,10 @@ class Metering:
             ids = await self.archive.record(ns, ref, state)
             if ids:
                 ops.append(File(job=ref, hold_ids=ids))
-        # Deleted: every record of its name (a scan, once per deleted Job); final: the records of older
-        # Jobs of its name that its runs' holds name (no scan per finished Job).
-        mine = job_ref(name, live.metadata.uid) if live is not None else None
-        gone = sorted(named(state, name) if live is None else refs - {mine})
+        # Every record of its name: the live Job's own once final, and those of older Jobs of the name
+        # (deleted). A scan of the book's Jobs, which are those still metered.
         filing = {h for op in ops if isinstance(op, File) for h in op.hold_ids}
-        ops += [Forget(job=ref) for ref in gone if forgettable(state, ref, filing)]
+        ops += [Forget(job=ref) for ref in named(state, name) if forgettable(state, ref, filing)]
         if ops:
             await self.books.apply(ns, ops)
 

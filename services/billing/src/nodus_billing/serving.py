@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar
 from nats.aio.client import Client as NATS
 
 from nodus_billing.accounting import CREDITS_ISSUED
-from nodus_billing.archiving import Archive
+from nodus_billing.archiving import Archive, filed_holds
 from nodus_billing.books import Books
 from nodus_billing.holding import Grant, Op, PlaceHold, Revoke
 from nodus_billing.metering import Metering, now_ms
@@ -61,6 +61,7 @@ from nodus_schema.billing import (
     UsageRow,
 )
 from nodus_schema.holds import hold_micros, minimum_hold_micros
+from nodus_schema.jobs import TERMINAL_PHASES
 from nodus_schema.ledger import MICROS_PER_HOUR_MS
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.quantities import MAX_DURATION, MAX_USD_MICROS, duration_micros, micros_to_usd
@@ -128,6 +129,12 @@ class Holds:
             raise errors.NotFound(f"job {req.namespace}/{req.job} does not exist") from None
         if job.metadata.uid != req.job_uid:
             raise errors.NotFound(f"job {req.namespace}/{req.job} was re-created (uid {job.metadata.uid})")
+        if job.status.phase in TERMINAL_PHASES:
+            # An ended Job runs nothing more, and its record leaves the book once its cost is final
+            # (forgetting): a hold placed then would start it again from nothing, and nobody meters it.
+            raise errors.Conflict(
+                f"job {req.namespace}/{req.job} has ended ({job.status.phase}): billing funds no run of it"
+            )
         if not 0 < req.rate_micros_per_hour <= MAX_RATE_MICROS_PER_HOUR:
             raise errors.Invalid(
                 f"the run's rate of {req.rate_micros_per_hour} µ$/h is not one billing can fund: it must be"
@@ -259,7 +266,10 @@ class Accounts:
     @guarded("read the usage")
     async def usage(self, req: UsageRequest) -> UsageReply:
         state = await self.books.read(req.project)
-        rows = usage_rows(state, req.project, req.month, await self.archive.runs(req.project, state))
+        records = await self.archive.records(req.project)
+        runs = {**filed_holds(records), **state.holds}
+        sweeps = {r.job: r.sweep for r in records if r.sweep is not None}
+        rows = usage_rows(state, req.project, req.month, runs, sweeps)
         return UsageReply(project=req.project, rows=rows)
 
 
@@ -294,10 +304,15 @@ def _project_of(account: str) -> str | None:
 
 
 def usage_rows(
-    state: State, project: str, month: str | None, runs: Mapping[str, Hold] | None = None
+    state: State,
+    project: str,
+    month: str | None,
+    runs: Mapping[str, Hold] | None = None,
+    sweeps: Mapping[str, str] | None = None,
 ) -> list[UsageRow]:
     """One row per captured hold (one Attempt's run), oldest first. ``runs``: every run's hold, those
-    filed out of the book included (``Archive.runs``); by default the book's."""
+    filed out of the book included (``Archive.runs``); by default the book's. ``sweeps``: the Sweep of
+    each Job the book has forgotten (its history record's)."""
     rows: list[UsageRow] = []
     holds = state.holds if runs is None else runs
     for hold in sorted(holds.values(), key=lambda h: (h.placed_ms, h.usage.attempt if h.usage else "")):
@@ -305,6 +320,7 @@ def usage_rows(
             continue
         u = hold.usage
         job = state.jobs.get(hold.job)
+        sweep = job.sweep if job is not None else (sweeps or {}).get(hold.job)
         rows.append(
             UsageRow(
                 month=hold.month,
@@ -320,7 +336,7 @@ def usage_rows(
                 restore_micros=u.segments.get("Restore", 0),
                 teardown_micros=u.segments.get("Teardown", 0),
                 covered_micros=sum(u.covered.values()),
-                sweep=job.sweep.rsplit("@", 1)[0] if job and job.sweep else None,
+                sweep=sweep.rsplit("@", 1)[0] if sweep else None,
                 start_time=u.start_time,
                 finish_time=u.finish_time,
             )

@@ -305,12 +305,12 @@ class World:
         open_ = [h for h in self.books[job.project].holds.values() if h.job == job.ref and h.status == "Open"]
         if not open_:
             job.next_look_ms = None
-            # A done Job's runs are filed out of the book (Metering._file), at this pass or a later one
-            # (a pass cut short): decided by the clock, not the seed's stream, so every seed draws as before.
+            # A done Job's runs are filed out of the book and its record folded into the book's totals
+            # (Metering._file, one commit: final or deleted alike), at this pass or a later one (a pass cut
+            # short): decided by the clock, not the seed's stream, so every seed draws as before.
             if job.done and self.now % 3:
                 self.file(job)
-                if self.now % 7 == 0:  # and deleted: its record folded into the book's totals
-                    self.forget(job)
+                self.forget(job)
             return
         margin = self.terms.margin_ms
         due = min(
@@ -330,7 +330,7 @@ class World:
             self.counts["jobs filed"] += 1
 
     def forget(self, job: SimJob) -> None:
-        """The Job deleted once its runs are filed: the book forgets its record (Metering._file)."""
+        """The Job final (or deleted), its runs filed: the book forgets its record (Metering._file)."""
         state = self.books[job.project]
         record = state.jobs.get(job.ref)
         if record is None or any(h.job == job.ref for h in state.holds.values()):
@@ -341,7 +341,8 @@ class World:
         self.counts["jobs forgotten"] += 1
 
     def of_forgotten(self, project: str, op: Op) -> bool:
-        """An operation on a forgotten Job (the meter never sends one: it sees the Job deleted)."""
+        """An operation on a forgotten Job (the meter never sends one: it sees the Job final or deleted, and
+        the hold endpoint refuses an ended Job)."""
         forgotten = self.forgotten[project]
         match op:
             case PutJob() | PlaceHold() | File():
