@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from nodus_billing.accounting import fold
 from nodus_billing.archiving import Archive, record_name
 from nodus_billing.books import Books
+from nodus_billing.holding import PutJob
 from nodus_billing.metering import job_ref
 from nodus_kit import errors, messaging
 from nodus_schema.billing import (
@@ -30,6 +32,7 @@ from nodus_schema.billing import (
     UsageReply,
     UsageRequest,
 )
+from nodus_schema.costs import opening_cost
 from nodus_schema.jobs import Job
 from nodus_schema.quantities import usd_to_micros
 from nodus_testing.waiting import eventually
@@ -114,3 +117,29 @@ async def test_a_finished_jobs_runs_are_filed_and_its_record_is_forgotten(
         ), "nothing of it was left to forget"
         assert await _account(rig) == account, "the account says what it said"
         assert (await _usage(rig)).rows == before.rows, "and so does the usage report"
+
+
+async def test_a_final_jobs_record_a_book_kept_from_before_is_forgotten(make_rig: Callable[..., Any]) -> None:
+    """A book written before final Jobs were forgotten still records them, with nothing left to file: the
+    meter looks at such a Job (it is not settled while a book records it) and forgets its record."""
+    async with make_rig(funding=True, scheduler=False) as rig:
+        billing = await rig.start_billing(NODUS_STARTING_CREDITS_USD="10", **TERMS)
+        job = await rig.submit("old")
+        ref = job_ref("old", job.metadata.uid)
+        put = PutJob(name=ref, project="t", generation=job.metadata.generation or 1)
+        assert (await Books(rig.nc).apply("t", [put])).results[0].ok  # type: ignore[union-attr]
+
+        def final(current: Job) -> Job:
+            cost = msgspec.structs.replace(opening_cost(current.spec.max_cost_usd), final=True)
+            status = msgspec.structs.replace(current.status, phase="Succeeded", cost=cost)
+            return msgspec.structs.replace(current, status=status)
+
+        await rig.jobs.mutate("t", "old", final)
+
+        async def forgotten() -> bool:
+            state = await Books(rig.nc).read("t")
+            assert ref not in state.jobs, list(state.jobs)
+            return True
+
+        await eventually(forgotten, deadline_s=20, message="the final Job's record is forgotten")
+        assert billing.metering.settled(await rig.job("old")), "and the Job is settled from then on"
