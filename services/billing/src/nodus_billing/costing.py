@@ -1,4 +1,5 @@
-"""``status.cost`` of a Job from its project's book (pure, no I/O): what the meter writes (``metering``)."""
+"""``status.cost`` of a Job from its project's book (pure, no I/O): what the meter writes (``metering``), and
+when it holds a write back for the next event of the run (``starting``, ``ending``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from nodus_schema.costs import Cost, CostSegments
 from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.meta import format_time
 from nodus_schema.quantities import micros_to_usd
+
+STARTING_MS = 5000
+"""How long a hold's cost waits for the Attempt it was placed for (``starting``)."""
+ENDING_MS = 2000
+"""How long the cost of a Job whose runs all ended waits for the scheduler to end the Job (``ending``)."""
 
 
 def warm_pending(a: Attempt) -> bool:
@@ -78,3 +84,34 @@ def _segments(amounts: dict[str, int], covered: set[str]) -> CostSegments:
         teardown_usd=usd("Teardown"),
         covered_by_nodus=sorted(covered),
     )
+
+
+def starting(state: State, ref: str, attempts: list[Attempt], now: int) -> bool:
+    """Whether a hold of the Job was placed moments ago for an Attempt the views do not show yet: the
+    scheduler creates the Attempt right after its hold, and its event meters the Job again, so the cost
+    is written then, once, with what is held and the run's rate (issue #23: not once for each). An
+    Attempt that does not come within :data:`STARTING_MS` does not hold the cost back any longer."""
+    names = {a.metadata.name for a in attempts}
+    return any(
+        hold.job == ref and hold.status == "Open" and h not in names and now - hold.placed_ms < STARTING_MS
+        for h, hold in state.holds.items()
+    )
+
+
+def ending(state: State, job: Job, ref: str, attempts: list[Attempt], now: int) -> int:
+    """How long the cost write waits (ms; 0: none) for the scheduler to end the Job: every run of it (its
+    uid) ended moments ago, none kept warm, no hold of it open, and the Job has not ended. The scheduler
+    ends it (or starts its next run) right after its last run ends, and that event meters the Job again, so
+    one write shows the captured runs and ``final`` (issue #23: not one for each, nor a write that loses its
+    compare-and-set to the scheduler's). No later than :data:`ENDING_MS` after the last run's end: a Job
+    left waiting (Suspended, a retry to come) is written then."""
+    if job.status.phase in TERMINAL_PHASES:
+        return 0
+    uid = job.metadata.uid
+    mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+    if not mine or any(a.status.phase not in ATTEMPT_TERMINAL or warm_pending(a) for a in mine):
+        return 0
+    if any(hold.job == ref and hold.status == "Open" for hold in state.holds.values()):
+        return 0
+    ended = max(a.status.billing_stop_ms or 0 for a in mine)
+    return max(0, min(ENDING_MS, ended + ENDING_MS - now))

@@ -66,7 +66,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.archiving import Archive
 from nodus_billing.books import Books, Planner, Step
-from nodus_billing.costing import cost_of, warm_pending
+from nodus_billing.costing import cost_of, ending, starting, warm_pending
 from nodus_billing.forgetting import forgettable, named
 from nodus_billing.holding import Capture, Charge, ExtendHold, File, Forget, Op, Release
 from nodus_billing.putting import job_ref as job_ref  # re-exported: the book's names of Jobs
@@ -112,8 +112,6 @@ log = logging.getLogger(__name__)
 
 STAMP_MS = 1000
 """The resolution of object times (metav1.Time: whole seconds)."""
-STARTING_MS = 5000
-"""How long a hold's cost waits for the Attempt it was placed for (``_starting``)."""
 MIN_RECHECK_MS = 250
 """The soonest a Job with an open hold is looked at again (a hold already short is checked this often)."""
 
@@ -270,15 +268,19 @@ class Metering:
             state = await self.books.read(ns)
         block = await self._fund(views, job, ref, state, attempts, now)
         written: Job | None = job
-        if not _starting(state, ref, attempts, now):
+        wait_ms = ending(state, job, ref, attempts, now)
+        if not wait_ms and not starting(state, ref, attempts, now):
             written = await self._write_cost(views, job, ref, state, attempts)
         if written is not None and settled(written):
             await self._file(views, ns, name, state)
-        quiet = not _open_holds(state, refs) and block is None and not _running(attempts)
+        quiet = not _open_holds(state, refs) and block is None and not _running(attempts) and not wait_ms
         # An ended Job is never at rest: its cost is final (settled) or waits for a run the views have not
         # shown (costing.runs_shown), whose event must find it.
         self._rested(key, written, at_rest=quiet and job.status.phase not in TERMINAL_PHASES)
-        return self._next(state, {ref})
+        after = self._next(state, {ref})
+        if wait_ms:  # the cost is written by the Job's end, or by this look at the latest
+            return min(wait_ms / 1000, after) if after is not None else wait_ms / 1000
+        return after
 
     async def _file(self, views: Views, ns: str, name: str, state: State | None = None) -> None:
         """File the settled runs of the Jobs of this name, the Job of the name being final (its cost
@@ -552,18 +554,6 @@ def _seen(views: Views, project: str) -> int | None:
         return 0
     rv = glance.metadata.resource_version
     return int(rv) if rv else None
-
-
-def _starting(state: State, ref: str, attempts: list[Attempt], now: int) -> bool:
-    """Whether a hold of the Job was placed moments ago for an Attempt the views do not show yet: the
-    scheduler creates the Attempt right after its hold, and its event meters the Job again, so the cost
-    is written then, once, with what is held and the run's rate (issue #23: not once for each). An
-    Attempt that does not come within :data:`STARTING_MS` does not hold the cost back any longer."""
-    names = {a.metadata.name for a in attempts}
-    return any(
-        hold.job == ref and hold.status == "Open" and h not in names and now - hold.placed_ms < STARTING_MS
-        for h, hold in state.holds.items()
-    )
 
 
 def _unaccounted(state: State, job: Job, ref: str, attempts: list[Attempt]) -> bool:
