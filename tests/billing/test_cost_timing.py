@@ -3,9 +3,11 @@ pure, on a book and Attempts built here."""
 
 from __future__ import annotations
 
+import msgspec
+
 from nodus_billing.costing import ENDING_MS, STARTING_MS, ending, starting
 from nodus_billing.standing import Hold, State
-from nodus_schema.attempts import JOB_LABEL, JOB_UID_LABEL, Attempt, AttemptSpec, AttemptStatus
+from nodus_schema.attempts import JOB_LABEL, JOB_UID_LABEL, Attempt, AttemptStatus
 from nodus_schema.jobs import Job, JobStatus
 from nodus_schema.meta import ObjectMeta
 
@@ -20,16 +22,7 @@ def job(phase: str = "Running") -> Job:
 def run(name: str, phase: str, stop_ms: int | None = None, uid: str = "u") -> Attempt:
     return Attempt(
         metadata=ObjectMeta(name=name, namespace="t", labels={JOB_LABEL: "j", JOB_UID_LABEL: uid}),
-        spec=AttemptSpec(
-            job="j",
-            index=0,
-            attempt=1,
-            node="n",
-            offering="l4-x1-us",
-            region_class="us",
-            rate_micros_per_hour=790_000,
-            pricebook_version="v",
-        ),
+        spec=msgspec.structs.replace(Attempt().spec, job="j", rate_micros_per_hour=790_000),
         status=AttemptStatus(phase=phase, billing_stop_ms=stop_ms),
     )
 
