@@ -257,6 +257,9 @@ async def test_a_100_cell_sweep_survives_a_lost_server_and_every_active_controll
             except BaseException:
                 for p in procs:
                     print(f"--- {p.name}\n{p.tail()}")
+                    # Billing's word on a cell it made final at $0 (metering._warn_free), wherever it is.
+                    text = p.log.read_text(errors="replace") if p.log.exists() else ""
+                    print("".join(line for line in text.splitlines(True) if "final cost of a Job" in line))
                 raise
         refused = [
             p.name for p in procs if "permissions violation" in p.log.read_text(errors="replace").lower()

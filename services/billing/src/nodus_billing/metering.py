@@ -105,7 +105,7 @@ from nodus_schema.jobs import TERMINAL_PHASES, Job
 from nodus_schema.ledger import MICROS_PER_HOUR_MS, charge_micros
 from nodus_schema.meta import ObjectMeta
 from nodus_schema.pipelines import Pipeline
-from nodus_schema.quantities import micros_to_usd
+from nodus_schema.quantities import micros_to_usd, usd_to_micros
 from nodus_schema.sweeps import Sweep
 
 log = logging.getLogger(__name__)
@@ -510,6 +510,8 @@ class Metering:
         Job again for the next pass to judge it."""
         cost = cost_of(job, ref, state, attempts)
         recovery = recovery_of(job, state, attempts)
+        if cost.final and usd_to_micros(cost.total_usd or "0") == 0 and _ran(job, attempts):
+            _warn_free(job, ref, state, attempts)
         if (job.status.cost, job.status.recovery) == (cost, recovery):
             return job
         found: list[str | None] = []  # the revision each try of the mutate wrote onto
@@ -554,6 +556,31 @@ def _seen(views: Views, project: str) -> int | None:
         return 0
     rv = glance.metadata.resource_version
     return int(rv) if rv else None
+
+
+def _ran(job: Job, attempts: list[Attempt]) -> bool:
+    """Whether a run of the Job (its uid) used its node for a while (its agent's times say so)."""
+    return any(
+        a.metadata.labels.get(JOB_UID_LABEL) == job.metadata.uid
+        and (a.status.billing_stop_ms or 0) > (a.status.billing_start_ms or 0) > 0
+        for a in attempts
+    )
+
+
+def _warn_free(job: Job, ref: str, state: State, attempts: list[Attempt]) -> None:
+    """A final cost of $0 for a Job that ran: a covered run is one reason, a book that lost the run's hold
+    another (the R3 failover test saw one it could not explain, 2026-12-04). What the pass saw, for whoever
+    reads the log."""
+    holds = {h: (hold.status, hold.charged_micros) for h, hold in state.holds.items() if hold.job == ref}
+    log.warning(
+        "final cost of a Job that ran is $0",
+        extra={
+            "job": f"{job.metadata.namespace}/{ref} rv {job.metadata.resource_version} {job.status.phase}",
+            "holds": str(holds),
+            "record": str(state.jobs.get(ref)),
+            "runs": str([(a.metadata.name, a.status.phase, a.status.billing_stop_ms) for a in attempts]),
+        },
+    )
 
 
 def _unaccounted(state: State, job: Job, ref: str, attempts: list[Attempt]) -> bool:
