@@ -24,6 +24,12 @@ def warm_pending(a: Attempt) -> bool:
     return a.status.warm_until_ms is not None and a.status.warm_end_ms is None
 
 
+def runs_of(job: Job, attempts: list[Attempt]) -> list[Attempt]:
+    """The Attempts of this Job itself (its uid): a Job created again under its name has its own."""
+    uid = job.metadata.uid
+    return [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+
+
 def runs_shown(job: Job, mine: list[Attempt]) -> bool:
     """Whether ``mine`` (the Attempts of the Job's uid at hand) holds the latest run of every index the
     Job's status counts. The scheduler writes ``status.attempts`` (the sum over indexes of the highest
@@ -53,8 +59,7 @@ def cost_of(job: Job, ref: str, state: State, attempts: list[Attempt]) -> Cost:
             segments[RUNNING] = segments.get(RUNNING, 0) + hold.charged_micros
     live = {a.metadata.name for a in attempts if a.status.phase not in ATTEMPT_TERMINAL or warm_pending(a)}
     rate = sum(hold.rate_micros_per_hour for h, hold in open_.items() if h in live)
-    uid = job.metadata.uid
-    mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+    mine = runs_of(job, attempts)
     final = (
         job.status.phase in TERMINAL_PHASES
         and not open_
@@ -107,8 +112,7 @@ def ending(state: State, job: Job, ref: str, attempts: list[Attempt], now: int) 
     left waiting (Suspended, a retry to come) is written then."""
     if job.status.phase in TERMINAL_PHASES:
         return 0
-    uid = job.metadata.uid
-    mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+    mine = runs_of(job, attempts)
     if not mine or any(a.status.phase not in ATTEMPT_TERMINAL or warm_pending(a) for a in mine):
         return 0
     if any(hold.job == ref and hold.status == "Open" for hold in state.holds.values()):

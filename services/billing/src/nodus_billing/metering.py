@@ -66,7 +66,7 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.archiving import Archive
 from nodus_billing.books import Books, Planner, Step
-from nodus_billing.costing import cost_of, ending, starting, warm_pending
+from nodus_billing.costing import cost_of, ending, runs_of, starting, warm_pending
 from nodus_billing.forgetting import forgettable, named
 from nodus_billing.holding import Capture, Charge, ExtendHold, File, Forget, Op, Release
 from nodus_billing.putting import job_ref as job_ref  # re-exported: the book's names of Jobs
@@ -561,9 +561,7 @@ def _seen(views: Views, project: str) -> int | None:
 def _ran(job: Job, attempts: list[Attempt]) -> bool:
     """Whether a run of the Job (its uid) used its node for a while (its agent's times say so)."""
     return any(
-        a.metadata.labels.get(JOB_UID_LABEL) == job.metadata.uid
-        and (a.status.billing_stop_ms or 0) > (a.status.billing_start_ms or 0) > 0
-        for a in attempts
+        (a.status.billing_stop_ms or 0) > (a.status.billing_start_ms or 0) > 0 for a in runs_of(job, attempts)
     )
 
 
@@ -589,12 +587,8 @@ def _unaccounted(state: State, job: Job, ref: str, attempts: list[Attempt]) -> b
     cost is final, then never again)."""
     record = state.jobs.get(ref)
     filed = set(record.filed) if record is not None else set()
-    uid = job.metadata.uid
     return any(
-        a.metadata.labels.get(JOB_UID_LABEL) == uid
-        and a.metadata.name not in state.holds
-        and a.metadata.name not in filed
-        for a in attempts
+        a.metadata.name not in state.holds and a.metadata.name not in filed for a in runs_of(job, attempts)
     )
 
 

@@ -4,9 +4,10 @@ meter (metering.py) writes it with ``status.cost``."""
 
 from __future__ import annotations
 
+from nodus_billing.costing import runs_of
 from nodus_billing.segmenting import RESTORE, epoch_ms
 from nodus_billing.standing import State
-from nodus_schema.attempts import JOB_UID_LABEL, Attempt
+from nodus_schema.attempts import Attempt
 from nodus_schema.gpus import GPURequest
 from nodus_schema.jobs import Job, LostRun, RecoveryStatus, Resources
 from nodus_schema.ledger import charge_micros
@@ -19,8 +20,7 @@ def recovery_of(job: Job, state: State, attempts: list[Attempt]) -> RecoveryStat
     """Recovery accounting: each run lost with its capacity, what it cost, and the GPU time it had done
     since its last checkpoint until its node's last heartbeat (paid for, and done again by its
     replacement); what the replacements' Restore cost, and what Nodus covered. None when nothing was lost."""
-    uid = job.metadata.uid
-    mine = [a for a in attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid]
+    mine = runs_of(job, attempts)
     lost = sorted(
         (a for a in mine if a.status.phase == "Lost"),
         key=lambda a: (a.metadata.creation_timestamp or "", a.metadata.name or ""),
