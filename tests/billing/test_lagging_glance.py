@@ -2,7 +2,8 @@
 yet: the hold placed by another replica's endpoint, and the glance's watch resuming after a lost server.
 The meter reads the book it kept when the glance shows nothing newer; a run of an ended Job that book
 does not show makes it read the book as stored (``metering._unaccounted``); a run the Attempts' view has not
-shown either keeps the cost from being final (``costing.runs_shown``).
+shown either keeps the cost from being final (``costing.runs_shown``). And a pass on a revision of the Job
+older than the store's (a new leader's view) never writes over a final cost.
 
 The rig's billing service without the scheduler: the Attempts and the Job's phase are written here as the
 scheduler would write them, and the glance is held back by stopping its informer (it stays listed)."""
@@ -61,9 +62,9 @@ def _run(job: Job, name: str, index: int) -> Attempt:
     return Attempt(metadata=ObjectMeta(name=name, namespace="t", labels=labels), spec=spec, status=status)
 
 
-def _ended(job: Job) -> Job:
+def _ended(job: Job, attempts: int = 2) -> Job:
     """The Job ended as the scheduler ends it: its phase, and the Attempts it started (one per index)."""
-    status = msgspec.structs.replace(job.status, phase="Succeeded", attempts=2)
+    status = msgspec.structs.replace(job.status, phase="Succeeded", attempts=attempts)
     return msgspec.structs.replace(job, status=status)
 
 
@@ -165,3 +166,41 @@ async def test_an_ended_jobs_cost_waits_for_a_run_neither_view_has_shown(
         )
         await billing.views.attempts.start()  # the watch resumes: the second run is shown
         await _final_counts_both(rig)
+
+
+async def test_a_final_cost_is_never_written_over_by_a_pass_on_an_older_revision(
+    make_rig: Callable[..., Any],
+) -> None:
+    """The R3 failover test charged a few cells $0 (2 in 48 local runs): one leader wrote a cell's cost
+    final and filed its runs out of the book; the next leader, its Jobs' view a write behind the store,
+    judged the ended Job on a book without those runs, lost its compare-and-set, and the mutate wrote a
+    final $0 over the stored final cost. Here the view is set back to the Job's ended revision by hand."""
+    async with make_rig(funding=True, scheduler=False) as rig:
+        billing: BillingService = await rig.start_billing(**TERMS)
+        job = await rig.submit("one")
+        ask = HoldRequest(
+            namespace="t",
+            job="one",
+            job_uid=job.metadata.uid or "",
+            attempt="one-a1",
+            rate_micros_per_hour=RATE,
+            window_millis=600_000,
+        )
+        assert (await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)).ok
+        await rig.attempts.create(_run(job, "one-a1", 0))
+        ended = await rig.jobs.mutate("t", "one", lambda j: _ended(j, attempts=1))
+
+        async def filed() -> Job:
+            final = await rig.job("one")
+            assert final.status.cost is not None and final.status.cost.final, final.status.cost
+            state = await Books(rig.nc).read("t")
+            assert "one-a1" not in state.holds and job_ref("one", job.metadata.uid) not in state.jobs, state
+            return final
+
+        final = await eventually(filed, deadline_s=30, message="final, its run filed, its record forgotten")
+        assert final.status.cost is not None and usd_to_micros(final.status.cost.total_usd or "0") > 0
+        await billing.views.jobs.stop()
+        billing.views.jobs.replace([], int(final.metadata.resource_version or "0"))
+        assert billing.views.jobs.apply(ended)  # the view a write behind the store
+        await billing.metering.reconcile(("t", "one"))
+        assert (await rig.job("one")).status.cost == final.status.cost

@@ -520,6 +520,11 @@ class Metering:
             found.append(current.metadata.resource_version)
             if current.metadata.uid != job.metadata.uid:
                 return None
+            if settled(current):
+                # Final is the meter's last word: written by the pass that filed the Job's runs out of the
+                # book. A pass on an older revision (a new leader's view a write behind the store, the R3
+                # failover test) judges a book without those runs, and would write $0 over it.
+                return None
             if (current.status.cost, current.status.recovery) == (cost, recovery):
                 return None
             status = msgspec.structs.replace(current.status, cost=cost, recovery=recovery)
