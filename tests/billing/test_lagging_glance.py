@@ -68,22 +68,27 @@ def _ended(job: Job, attempts: int = 2) -> Job:
     return msgspec.structs.replace(job, status=status)
 
 
+async def _ran(rig: Any, job: Job, attempt: str, index: int) -> None:
+    """A run of the Job funded by billing's hold endpoint (as the scheduler asks it), then finished."""
+    ask = HoldRequest(
+        namespace="t",
+        job=job.metadata.name or "",
+        job_uid=job.metadata.uid or "",
+        attempt=attempt,
+        rate_micros_per_hour=RATE,
+        window_millis=600_000,
+    )
+    assert (await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)).ok
+    await rig.attempts.create(_run(job, attempt, index))
+
+
 async def _second_run_unseen(rig: Any, billing: BillingService, *, attempts_too: bool) -> None:
     """Job "two": its first run funded by this replica and captured, then the glance held still (and the
     Attempts' view too, with ``attempts_too``) while another replica funds its second run, which ends,
     and the scheduler ends the Job (two Attempts started, as it writes them)."""
     job = await rig.submit("two", completions=2)
     ref = job_ref("two", job.metadata.uid)
-    ask = HoldRequest(
-        namespace="t",
-        job="two",
-        job_uid=job.metadata.uid or "",
-        attempt="two-a1",
-        rate_micros_per_hour=RATE,
-        window_millis=600_000,
-    )
-    assert (await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)).ok
-    await rig.attempts.create(_run(job, "two-a1", 0))
+    await _ran(rig, job, "two-a1", 0)
 
     async def captured() -> bool:
         state = await Books(rig.nc).read("t")
@@ -178,16 +183,7 @@ async def test_a_final_cost_is_never_written_over_by_a_pass_on_an_older_revision
     async with make_rig(funding=True, scheduler=False) as rig:
         billing: BillingService = await rig.start_billing(**TERMS)
         job = await rig.submit("one")
-        ask = HoldRequest(
-            namespace="t",
-            job="one",
-            job_uid=job.metadata.uid or "",
-            attempt="one-a1",
-            rate_micros_per_hour=RATE,
-            window_millis=600_000,
-        )
-        assert (await messaging.request(rig.nc, HOLD_SUBJECT, ask, HoldReply)).ok
-        await rig.attempts.create(_run(job, "one-a1", 0))
+        await _ran(rig, job, "one-a1", 0)
         ended = await rig.jobs.mutate("t", "one", lambda j: _ended(j, attempts=1))
 
         async def filed() -> Job:
@@ -204,3 +200,47 @@ async def test_a_final_cost_is_never_written_over_by_a_pass_on_an_older_revision
         assert billing.views.jobs.apply(ended)  # the view a write behind the store
         await billing.metering.reconcile(("t", "one"))
         assert (await rig.job("one")).status.cost == final.status.cost
+
+
+async def test_a_job_the_jobs_view_has_not_shown_is_not_filed_as_deleted(
+    make_rig: Callable[..., Any],
+) -> None:
+    """After a lost server the Jobs' watch resumed after the books' and the Attempts' (the R3 failover
+    test, 2026-12-05): the meter, its run captured and the Job missing from its view, filed the run and
+    forgot the record as a deleted Job's, and the Job, shown a moment later, got a final cost of $0. A Job
+    missing from the view is looked up in the store before anything of it is filed."""
+    async with make_rig(funding=True, scheduler=False) as rig:
+        billing: BillingService = await rig.start_billing(**TERMS)
+        job = await rig.submit("one")
+        ref = job_ref("one", job.metadata.uid)
+        await _ran(rig, job, "one-a1", 0)
+
+        async def captured() -> bool:
+            state = await Books(rig.nc).read("t")
+            assert state.holds["one-a1"].status == "Captured", state.holds
+            return True
+
+        await eventually(captured, deadline_s=20, message="the run is captured")
+        await eventually(
+            lambda: billing.views.jobs.get("t", "one") is not None, deadline_s=20, message="the view shows it"
+        )
+        await billing.views.jobs.stop()
+        shown = billing.views.jobs.get("t", "one")
+        assert shown is not None
+        billing.views.jobs.replace([], int(shown.metadata.resource_version or "0"))  # not shown yet
+        await billing.metering.reconcile(("t", "one"))
+        state = await Books(rig.nc).read("t")
+        assert "one-a1" in state.holds and ref in state.jobs, "filed as a deleted Job's"
+        assert billing.views.jobs.get("t", "one") is not None  # the store's copy, taken into the view
+        await billing.views.jobs.start()
+        await rig.jobs.mutate("t", "one", lambda j: _ended(j, attempts=1))
+
+        async def final() -> Job:
+            ended = await rig.job("one")
+            assert ended.status.cost is not None and ended.status.cost.final, ended.status.cost
+            return ended
+
+        ended = await eventually(final, deadline_s=30, message="the Job's cost becomes final")
+        runs = await Archive(rig.nc).runs("t", await Books(rig.nc).read("t"))
+        assert ended.status.cost is not None
+        assert usd_to_micros(ended.status.cost.total_usd or "0") == runs["one-a1"].charged_micros > 0

@@ -88,3 +88,24 @@ async def test_a_relist_keeps_a_write_newer_than_the_list(nc: NATS, unique: str)
     informer.apply(mine)
     informer.replace(page.items, page.resource_version)
     assert informer.get(unique, "mine") == mine
+
+
+async def test_confirm_reads_the_store_only_for_an_object_the_view_lacks(nc: NATS, unique: str) -> None:
+    """``confirm``: what the view holds as is; one it has not shown yet (its watch behind another's) from
+    the store, taken into the view; None only when the store has none either."""
+    jobs = ObjectStore(nc, "jobs", Job)
+    shown = await jobs.create(_job(unique, "shown"))
+    unseen = await jobs.create(_job(unique, "unseen"))
+    informer = Informer(jobs, namespace=unique)  # never started: it shows only what is applied
+    events: list[tuple[str, str]] = []
+    informer.add_handler(lambda e: events.append((e.type, e.object.metadata.name or "")))
+    assert informer.apply(shown)
+    await jobs.update(shown)  # newer in the store: a view that holds the object is not read past
+    assert await informer.confirm(unique, "shown") == shown
+    assert await informer.confirm(unique, "unseen") == unseen
+    assert informer.get(unique, "unseen") == unseen
+    assert events == [("ADDED", "shown"), ("ADDED", "unseen")]
+    assert await informer.confirm(unique, "never") is None
+    gone = await jobs.delete(unique, "unseen")
+    assert informer.apply(gone, deleted=True)
+    assert await informer.confirm(unique, "unseen") is None

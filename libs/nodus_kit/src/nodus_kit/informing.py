@@ -36,6 +36,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from nodus_kit.cancelling import cancel_and_wait, cancel_swallowed
+from nodus_kit.errors import NotFound
 from nodus_kit.keying import Event
 from nodus_kit.storing import ObjectStore
 
@@ -110,6 +111,24 @@ class Informer(Generic[T]):
     # -- reading -------------------------------------------------------------------------------------
     def get(self, namespace: str | None, name: str) -> T | None:
         return self._objects.get((namespace or "", name))
+
+    async def confirm(self, namespace: str | None, name: str) -> T | None:
+        """The object as the view holds it; when the view holds none, as the store does (taken into the
+        view: newer wins), or None when the store has none either.
+
+        For a controller about to act on an object's absence (stop its runs, file its history): each
+        informer follows its own watch, and after a lost server one may resume seconds before another,
+        so an object can be missing from one view while another already shows its children. Absent from
+        the store as well, it is gone (a read per absence, not per pass)."""
+        held = self.get(namespace, name)
+        if held is not None:
+            return held
+        try:
+            stored = await self.store.get(namespace, name)
+        except NotFound:
+            return None
+        self.apply(stored)
+        return self.get(namespace, name) or stored
 
     def __len__(self) -> int:
         return len(self._objects)

@@ -237,6 +237,10 @@ class Lifecycle:
             raise TemporaryError("the informers have not listed the store yet", delay=1.0)
         named = self.world.attempts_of(key)
         job = self.world.jobs.get(*key)
+        if job is None and any(a.status.phase not in ATTEMPT_TERMINAL for a in named):
+            # Deleted, or not shown yet: after a lost server the view of Jobs may resume after the view of
+            # Attempts, and a Job's runs must never be stopped for a lag.
+            job = await self.world.jobs.confirm(*key)
         if job is None:
             # The Job was deleted (or its Sweep was): nothing of it may keep running.
             self.pacing.forget(key)

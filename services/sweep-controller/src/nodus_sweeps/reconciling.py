@@ -130,12 +130,10 @@ class SweepReconciler:
                 raise TemporaryError(f"the {informer.name} informer has not listed yet", delay=1.0)
 
     async def _sweep(self, key: Key) -> Sweep:
-        held = self.sweeps.get(*key)
-        if held is not None:
-            return held
         # Not in the view: deleted, or not delivered yet (a cell's event may come first); the store says.
-        sweep = await self.sweeps.store.get(*key)  # NotFound: deleted (or never there)
-        self.sweeps.apply(sweep)
+        sweep = await self.sweeps.confirm(*key)
+        if sweep is None:
+            raise NotFound(f"sweep {key[0]}/{key[1]} not found")  # deleted (or never there)
         return sweep
 
     def _forget(self, key: Key) -> None:
