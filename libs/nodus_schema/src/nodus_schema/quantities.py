@@ -241,11 +241,14 @@ def _frac(whole: int, part: int, digits: int) -> str:
     return f"{whole}.{part:0{digits}d}".rstrip("0")
 
 
+@functools.lru_cache(maxsize=4096)
 def format_duration(td: timedelta) -> str:
     """Format as Go's ``Duration.String()``: ``"1h30m0s"``, ``"15m0s"``, ``"1.5s"``, ``"300ms"``, ``"0s"``.
 
     The Go form (not the shortest one) was chosen so that strings match what Go clients and kubectl print;
     :func:`parse_duration` reads both. Sub-second durations use ``ms`` or ``µs`` (U+00B5), as Go does.
+    Remembered (a pure function of a hashable value): every estimate formats each candidate offering's
+    startup bands, the same few durations (4.6% of the scheduler's CPU in the create bench's profile).
     """
     micros = duration_micros(td)
     if micros == 0:
@@ -326,6 +329,14 @@ def micros_to_usd(micros: int) -> str:
     """Integer micro-dollars as the canonical USD string: at least 2 decimals, at most 6 (``"12.50"``)."""
     if isinstance(micros, bool) or not isinstance(micros, int):
         raise ValueError(f"micro-dollars must be an int, not {type(micros).__name__}")
+    return _usd_text(int(micros))
+
+
+@functools.lru_cache(maxsize=4096)
+def _usd_text(micros: int) -> str:
+    """:func:`micros_to_usd` past its type check, remembered: estimates and costs write the same few
+    amounts (a rate, $0, a cap) many times (4.6% of billing's CPU in the create bench's profile). The check
+    stays outside: ``True`` hashes as ``1``."""
     sign = "-" if micros < 0 else ""
     whole, frac = divmod(abs(micros), MICROS_PER_USD)
     digits = f"{frac:06d}".rstrip("0")
