@@ -82,6 +82,17 @@ async def _ran(rig: Any, job: Job, attempt: str, index: int) -> None:
     await rig.attempts.create(_run(job, attempt, index))
 
 
+async def _captured(rig: Any, hold: str) -> None:
+    """The run's hold is captured in the book (billing saw the run end)."""
+
+    async def captured() -> bool:
+        state = await Books(rig.nc).read("t")
+        assert state.holds[hold].status == "Captured", state.holds
+        return True
+
+    await eventually(captured, deadline_s=20, message=f"{hold} is captured")
+
+
 async def _second_run_unseen(rig: Any, billing: BillingService, *, attempts_too: bool) -> None:
     """Job "two": its first run funded by this replica and captured, then the glance held still (and the
     Attempts' view too, with ``attempts_too``) while another replica funds its second run, which ends,
@@ -89,13 +100,7 @@ async def _second_run_unseen(rig: Any, billing: BillingService, *, attempts_too:
     job = await rig.submit("two", completions=2)
     ref = job_ref("two", job.metadata.uid)
     await _ran(rig, job, "two-a1", 0)
-
-    async def captured() -> bool:
-        state = await Books(rig.nc).read("t")
-        assert state.holds["two-a1"].status == "Captured", state.holds
-        return True
-
-    await eventually(captured, deadline_s=20, message="the first run is captured")
+    await _captured(rig, "two-a1")
 
     def glanced() -> bool:
         book = billing.views.books.get(None, "t")
@@ -214,13 +219,7 @@ async def test_a_job_the_jobs_view_has_not_shown_is_not_filed_as_deleted(
         job = await rig.submit("one")
         ref = job_ref("one", job.metadata.uid)
         await _ran(rig, job, "one-a1", 0)
-
-        async def captured() -> bool:
-            state = await Books(rig.nc).read("t")
-            assert state.holds["one-a1"].status == "Captured", state.holds
-            return True
-
-        await eventually(captured, deadline_s=20, message="the run is captured")
+        await _captured(rig, "one-a1")
         await eventually(
             lambda: billing.views.jobs.get("t", "one") is not None, deadline_s=20, message="the view shows it"
         )
