@@ -130,13 +130,19 @@ async def _second_run_unseen(rig: Any, billing: BillingService, *, attempts_too:
     await rig.jobs.mutate("t", "two", _ended)
 
 
-async def _final_counts_both(rig: Any) -> None:
+async def _final(rig: Any, name: str) -> Job:
+    """The Job once its cost is final."""
+
     async def final() -> Job:
-        ended = await rig.job("two")
+        ended: Job = await rig.job(name)
         assert ended.status.cost is not None and ended.status.cost.final, ended.status.cost
         return ended
 
-    ended = await eventually(final, deadline_s=30, message="the Job's cost becomes final")
+    return await eventually(final, deadline_s=30, message=f"the cost of {name} becomes final")
+
+
+async def _final_counts_both(rig: Any) -> None:
+    ended = await _final(rig, "two")
     state = await Books(rig.nc).read("t")
     assert all(h.status != "Open" for h in state.holds.values()), f"final with a run open: {state.holds}"
     runs = await Archive(rig.nc).runs("t", state)  # filed out of the book once final, or not yet
@@ -181,10 +187,11 @@ async def test_an_ended_jobs_cost_waits_for_a_run_neither_view_has_shown(
 async def test_a_final_cost_is_never_written_over_by_a_pass_on_an_older_revision(
     make_rig: Callable[..., Any],
 ) -> None:
-    """The R3 failover test charged a few cells $0 (2 in 48 local runs): one leader wrote a cell's cost
-    final and filed its runs out of the book; the next leader, its Jobs' view a write behind the store,
-    judged the ended Job on a book without those runs, lost its compare-and-set, and the mutate wrote a
-    final $0 over the stored final cost. Here the view is set back to the Job's ended revision by hand."""
+    """A pass on a revision of the Job older than the store's, written final after its runs were filed out
+    of the book, judges the ended Job on a book without those runs ($0), loses its compare-and-set, and
+    the mutate must not write that $0 over the stored final cost (it did: found while looking for the
+    R3 failover test's $0 cells, whose cause was another, the next test). Here the view is set back to
+    the Job's ended revision by hand."""
     async with make_rig(funding=True, scheduler=False) as rig:
         billing: BillingService = await rig.start_billing(**TERMS)
         job = await rig.submit("one")
@@ -234,12 +241,7 @@ async def test_a_job_the_jobs_view_has_not_shown_is_not_filed_as_deleted(
         await billing.views.jobs.start()
         await rig.jobs.mutate("t", "one", lambda j: _ended(j, attempts=1))
 
-        async def final() -> Job:
-            ended = await rig.job("one")
-            assert ended.status.cost is not None and ended.status.cost.final, ended.status.cost
-            return ended
-
-        ended = await eventually(final, deadline_s=30, message="the Job's cost becomes final")
+        ended = await _final(rig, "one")
         runs = await Archive(rig.nc).runs("t", await Books(rig.nc).read("t"))
         assert ended.status.cost is not None
         assert usd_to_micros(ended.status.cost.total_usd or "0") == runs["one-a1"].charged_micros > 0

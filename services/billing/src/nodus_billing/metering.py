@@ -526,8 +526,8 @@ class Metering:
                 return None
             if settled(current):
                 # Final is the meter's last word: written by the pass that filed the Job's runs out of the
-                # book. A pass on an older revision (a new leader's view a write behind the store, the R3
-                # failover test) judges a book without those runs, and would write $0 over it.
+                # book. A pass on an older revision (a view a write behind the store) judges a book
+                # without those runs, and would write $0 over it.
                 return None
             if (current.status.cost, current.status.recovery) == (cost, recovery):
                 return None
@@ -575,9 +575,9 @@ def _ran(job: Job, attempts: list[Attempt]) -> bool:
 
 
 def _warn_free(job: Job, ref: str, state: State, attempts: list[Attempt]) -> None:
-    """A final cost of $0 for a Job that ran: a covered run is one reason, a book that lost the run's hold
-    another (the R3 failover test saw one it could not explain, 2026-12-04). What the pass saw, for whoever
-    reads the log."""
+    """A final cost of $0 for a Job that ran: a covered run is one reason; a pass that found the Job's runs
+    filed out of the book is another (the R3 failover test's, 2026-12-04/05: a Job missing from a lagging
+    view filed as a deleted one). What the pass saw, for whoever reads the log."""
     holds = {h: (hold.status, hold.charged_micros) for h, hold in state.holds.items() if hold.job == ref}
     log.warning(
         "final cost of a Job that ran is $0",
