@@ -29,7 +29,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from nodus_kit import declaring, messaging, permitting
+from nodus_kit import declaring, errors, messaging, permitting
 from nodus_kit.connecting import connect
 from nodus_kit.leasing import Lease
 from nodus_kit.permitting import Generated
@@ -221,7 +221,8 @@ def expected(user: str) -> set[str]:
             # Every Node's key (the cluster admin's delete), and no other key of the nodes bucket.
             | _rights("node", *NODES)
             | {"read:NODUS_LOGS", "info:NODUS_LOGS", "names"}
-            | _rights("ask", ESTIMATE_SUBJECT, QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT)
+            # No quote: the scheduler passes a priced estimate on to billing (ADR-0031).
+            | _rights("ask", ESTIMATE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT)
             | {"serve:node"}
         )
     # A key of leases (and of nodes, for agents) is read by key only (direct gets), never through the
@@ -243,7 +244,7 @@ def expected(user: str) -> set[str]:
             | _reader(*writes, "funding")
             | {"lease:scheduler", "names", "assign", "events", "durable:scheduler"}
             | lease
-            | {f"ask:{HOLD_SUBJECT}", f"serve:{ESTIMATE_SUBJECT}"}
+            | {f"ask:{HOLD_SUBJECT}", f"ask:{QUOTE_SUBJECT}", f"serve:{ESTIMATE_SUBJECT}"}
         )
     if user == "billing":
         writes = ("accounts", "history", "funding", "budgets", "jobs")
@@ -520,7 +521,7 @@ async def test_gateway_does_its_work(bus: Bus) -> None:
     await sub.unsubscribe()
     assert (msg.subject, msg.metadata.sequence.stream) == (subject, last.seq)
     await rpc(bus, scheduler, gw, ESTIMATE_SUBJECT, "scheduler")
-    for subject in (QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT):
+    for subject in (ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT):
         await rpc(bus, billing, gw, subject, "billing")
     await bus.assert_clean()
 
@@ -582,8 +583,41 @@ async def test_billing_does_its_work(bus: Bus) -> None:
         publish_to=f"nodus.report.n1.{space}.a2",
     )
     await rpc(bus, nc, scheduler, HOLD_SUBJECT, "billing")
-    for subject in (QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT):
+    await rpc(bus, nc, scheduler, QUOTE_SUBJECT, "billing")
+    for subject in (ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT):
         await rpc(bus, nc, gw, subject, "billing")
+    await bus.assert_clean()
+
+
+async def test_a_priced_estimate_goes_gateway_scheduler_billing_and_billing_answers_the_gateway(
+    bus: Bus,
+) -> None:
+    """The estimate's one round trip (ADR-0031), each on its own credential: the scheduler passes the
+    request on to billing with the gateway's reply subject (its right to ask the quote), and billing's
+    answer reaches the gateway's inbox (allow_responses covers a reply subject another user set). With
+    billing gone, a request passed on is lost: the server tells "no responders" only to the client that
+    published, which is why the scheduler checks that billing serves (nodus_scheduler.forwarding)."""
+    gw, scheduler, billing = await bus.each("gateway", "scheduler", "billing")
+
+    async def plan(req: dict[str, Any]) -> messaging.Forward:
+        return messaging.Forward(QUOTE_SUBJECT, {"n": req["n"], "by": "scheduler"})
+
+    async def price(req: dict[str, Any]) -> dict[str, Any]:
+        return {"priced": req["n"], "by": req["by"]}
+
+    passing = await messaging.serve(scheduler, ESTIMATE_SUBJECT, dict, plan, queue="scheduler")
+    pricing = await messaging.serve(billing, QUOTE_SUBJECT, dict, price, queue="billing")
+    try:
+        await bus.barrier(scheduler)
+        await bus.barrier(billing)
+        reply = await messaging.request(gw, ESTIMATE_SUBJECT, {"n": 7}, dict, timeout=5)
+        assert reply == {"priced": 7, "by": "scheduler"}
+        await pricing.unsubscribe()
+        await bus.barrier(billing)
+        with pytest.raises(errors.Timeout):
+            await messaging.request(gw, ESTIMATE_SUBJECT, {"n": 8}, dict, timeout=0.5)
+    finally:
+        await passing.unsubscribe()
     await bus.assert_clean()
 
 

@@ -147,7 +147,8 @@ HANDLER_SECONDS: Final = Histogram(
 )
 RPC_REQUESTS: Final = Counter(
     "nodus_rpc_requests",
-    "Requests a served endpoint answered, by outcome: ok, or the reason it answered (Nats-Service-Error)",
+    "Requests a served endpoint answered, by outcome: ok, forwarded (passed on to the service that"
+    " answers), or the reason it answered (Nats-Service-Error)",
     ["endpoint", "outcome"],
     registry=REGISTRY,
 )

@@ -8,7 +8,9 @@
   ``nodus.dead.<stream>.<consumer>`` with the reason in headers; any other exception -> nak with capped
   exponential backoff and jitter, dead-lettered after ``max_deliver``;
 * request/reply maps "no responders" to :class:`Unavailable` and a timeout to :class:`Timeout`; a
-  responder's error comes back, in NATS micro services' error headers, as the same error class.
+  responder's error comes back, in NATS micro services' error headers, as the same error class;
+* an endpoint may pass a request on instead of answering it (:class:`Forward`): the next service answers
+  the asker, one round trip fewer than asking it and relaying its answer.
 """
 
 from __future__ import annotations
@@ -275,6 +277,18 @@ def _error(reason: str, message: str) -> errors.NodusError:
     return err
 
 
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """What an endpoint's handler returns to pass its request on rather than answer it: ``message`` is
+    published on ``subject`` with the asker's reply subject (and this span's trace context and the
+    request id), so the service serving ``subject`` answers the asker directly, its errors included.
+    With nobody serving ``subject`` the server answers the asker "no responders" (nats-py asks for that
+    on every connection). The credential needs the right to publish on ``subject``."""
+
+    subject: str
+    message: Any
+
+
 async def serve(
     nc: NATS,
     subject: str,
@@ -313,6 +327,8 @@ async def serve_subject(
 
     async def handle(msg: Msg) -> None:
         token = tracing.set_request_id((msg.headers or {}).get(tracing.REQUEST_ID))
+        forward: Forward | None = None
+        passed: dict[str, str] = {}
         # A request received before the connection moved to another server cannot be answered: the new
         # server never delivered it, so a credential's allow_responses right for its reply is not there
         # (a permissions violation), and the asker has given up or asks again anyway.
@@ -322,6 +338,9 @@ async def serve_subject(
                 f"serve {subject}", context=tracing.extract(msg.headers)
             ):
                 reply = await handler(decoder.decode(msg.data), msg.subject)
+                if isinstance(reply, Forward):  # the next service's span is a child of this one
+                    forward, passed = reply, tracing.inject({})
+                    reply = reply.message
             outcome, body, failed = "ok", _encoder.encode(reply), False
         except msgspec.DecodeError as e:
             outcome, body, failed = "BadRequest", f"request does not decode: {e}".encode(), True
@@ -334,6 +353,10 @@ async def serve_subject(
             if nc.stats["reconnects"] != received_on:
                 log.info("not answering a request received before a reconnect", extra={"subject": subject})
                 outcome = "Unanswered"
+            elif forward is not None and not failed:
+                outcome = "forwarded"
+                if msg.reply:  # nobody waits for a request without a reply subject: nothing to pass on
+                    await nc.publish(forward.subject, body, reply=msg.reply, headers=passed)
             elif not failed:
                 await msg.respond(body)
             elif msg.reply:

@@ -150,7 +150,9 @@ GATEWAY = Access(
     # A delete is a write on the bus (a KV delete marker), so the right is the write of the Node keys.
     keys=(("nodes", "_.*"),),
     reads=(LOGS,),
-    requests=(ESTIMATE_SUBJECT, QUOTE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT),
+    # Billing's quote is not among them: the scheduler passes a priced estimate on to billing, which
+    # answers the gateway's inbox (ADR-0031).
+    requests=(ESTIMATE_SUBJECT, ACCOUNT_SUBJECT, GRANT_SUBJECT, USAGE_SUBJECT),
     # The Node authorizer (nodus_gateway.noding): a run's Secrets, Connections and Volume revisions for the
     # node it is bound to, writable mounts' commits, and retention verdicts; the node is the fourth token.
     serves=(secrets_subject("*"), commit_subject("*"), retention_subject("*")),
@@ -169,7 +171,7 @@ SCHEDULER = Access(
     keys=(("leases", "scheduler"),),
     publishes=("nodus.assign.>", "nodus.events.>"),
     durables=(Durable(REPORTS, "scheduler", "nodus.report.>"),),
-    requests=(HOLD_SUBJECT,),
+    requests=(HOLD_SUBJECT, QUOTE_SUBJECT),  # the quote: a priced estimate passed on (ADR-0031)
     serves=(ESTIMATE_SUBJECT,),
     taps=(beat_subject("*"),),  # every node's liveness beats (nodus_scheduler.beating)
 )

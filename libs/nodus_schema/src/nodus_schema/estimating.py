@@ -86,7 +86,8 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------------
 
 ESTIMATE_SUBJECT: Final = "nodus.rpc.scheduler.estimate"
-"""Request/reply, queue group ``scheduler``: EstimateRequest -> EstimateReply (capacity and times)."""
+"""Request/reply, queue group ``scheduler``: EstimateRequest -> EstimateReply (capacity and times; with
+``priced``, the scheduler passes its plan on to billing, whose priced reply answers the asker)."""
 QUOTE_SUBJECT: Final = "nodus.rpc.billing.quote"
 """Request/reply, queue group ``billing``: QuoteRequest -> EstimateReply (the priced estimate)."""
 
@@ -139,6 +140,14 @@ class EstimateRequest(Wire):
     """Price at this price book version: the one an existing object was admitted under
     (``status.estimate.pricebookVersion``). None, as for every new create: the newest version. A version
     the scheduler does not ship is priced at the newest, with the warning PricebookUnknown."""
+    priced: bool = False
+    """Priced by billing too, in one round trip: the scheduler passes its plan on to billing as a
+    :class:`QuoteRequest` on :data:`QUOTE_SUBJECT` with the asker's reply subject, and billing's reply (or
+    error) is the answer; a plan naming what the catalog does not know (``invalid``) is answered by the
+    scheduler itself. With nobody serving either subject the asker hears "no responders". False: the
+    scheduler's unpriced plan."""
+    pipeline: PipelineCap | None = None
+    """With ``priced``: the :attr:`QuoteRequest.pipeline` billing sizes the first holds under."""
 
 
 class SlotPlan(Wire):

@@ -1,9 +1,11 @@
-"""The gateway's side of an estimate (ADR-031): ask the scheduler, then billing, for ``status.estimate``.
+"""The gateway's side of an estimate (ADR-031): ask the scheduler and billing for ``status.estimate``.
 
 The gateway only asks. The scheduler answers which capacity a create would use, at what rate and for how
-long (``nodus.rpc.scheduler.estimate``); billing prices that plan (``nodus.rpc.billing.quote``). The two
-requests are sequential core-NATS round trips, made only for the compute kinds (Sweeps and Jobs): the
-kinds with a spec to estimate. A Pipeline (issue #22) is estimated stage by stage, each stage as the Job
+long (``nodus.rpc.scheduler.estimate``); billing prices that plan (``nodus.rpc.billing.quote``). The
+gateway makes one core-NATS request (``priced``): the scheduler passes its plan on to billing with the
+gateway's reply subject, and billing answers the gateway (three messages, where asking each in turn took
+four and a second reply to decode). It is made only for the compute kinds (Sweeps and Jobs): the kinds
+with a spec to estimate. A Pipeline (issue #22) is estimated stage by stage, each stage as the Job
 or Sweep it creates, and put together by :mod:`nodus_gateway.chaining` (:mod:`nodus_gateway.staging`);
 :func:`with_estimate` writes its critical path into ``status.estimatedDuration`` beside the estimate.
 
@@ -47,11 +49,9 @@ from nodus_schema.costs import DurationBand, Estimate, EstimateWarning, StartupE
 from nodus_schema.errors import StatusCause
 from nodus_schema.estimating import (
     ESTIMATE_SUBJECT,
-    QUOTE_SUBJECT,
     EstimateReply,
     EstimateRequest,
     PipelineCap,
-    QuoteRequest,
     SlotPlan,
 )
 from nodus_schema.fielding import CauseType, FieldError
@@ -62,7 +62,8 @@ from nodus_schema.volumes import Volume, revision_of
 log = logging.getLogger(__name__)
 
 ESTIMATE_TIMEOUT_S: Final = 2.0
-"""Each of the two requests; a service that is up answers in milliseconds."""
+"""The request, the scheduler's plan and billing's price together; services that are up answer in
+milliseconds."""
 UNANSWERED_PAUSE_S: Final = 1.0
 """After the services did not answer, how long real creates go on without asking."""
 COMPUTE_KINDS: Final = frozenset({"Job", "Sweep", "Pipeline"})
@@ -78,12 +79,18 @@ def estimable(res: Resource) -> bool:
     return res.kind in COMPUTE_KINDS
 
 
-def estimate_request(res: Resource, obj: Any) -> EstimateRequest:
-    """The request for ``obj`` (admitted, so defaulted: the spec the gateway stores)."""
-    namespace = obj.metadata.namespace or ""
-    if res.kind == "Sweep":
-        return EstimateRequest(namespace=namespace, kind="Sweep", sweep_spec=obj.spec)
-    return EstimateRequest(namespace=namespace, kind="Job", job_spec=obj.spec)
+def estimate_request(res: Resource, obj: Any, pipeline: PipelineCap | None = None) -> EstimateRequest:
+    """The priced request for ``obj`` (admitted, so defaulted: the spec the gateway stores), as a stage of
+    ``pipeline`` when given."""
+    ns, sweep = obj.metadata.namespace or "", res.kind == "Sweep"
+    return EstimateRequest(
+        namespace=ns,
+        kind="Sweep" if sweep else "Job",
+        sweep_spec=obj.spec if sweep else None,
+        job_spec=None if sweep else obj.spec,
+        priced=True,
+        pipeline=pipeline,
+    )
 
 
 async def ask(nc: NATS, res: Resource, obj: Any, *, timeout: float | None = None) -> Estimate:
@@ -129,17 +136,15 @@ async def plan(
     """:func:`ask` of a Job or Sweep, with the plan; unknown names are returned, not raised. ``pipeline``:
     the Pipeline it is a stage of, whose shared cap billing sizes its first holds under (#22)."""
     timeout = ESTIMATE_TIMEOUT_S if timeout is None else timeout
-    request = estimate_request(res, obj)
-    scheduled = await messaging.request(nc, ESTIMATE_SUBJECT, request, EstimateReply, timeout=timeout)
-    if scheduled.invalid:
-        resume(nc)  # the scheduler answers: creates ask again at once
-        return Planned(scheduled.estimate, invalid=scheduled.invalid)
-    quote = QuoteRequest(request=request, scheduled=scheduled, pipeline=pipeline)
-    priced = await messaging.request(nc, QUOTE_SUBJECT, quote, EstimateReply, timeout=timeout)
+    request = estimate_request(res, obj, pipeline)
+    # Billing's absence comes back from the scheduler as its Unavailable (nodus_scheduler.forwarding).
+    priced = await messaging.request(nc, ESTIMATE_SUBJECT, request, EstimateReply, timeout=timeout)
     resume(nc)  # they answer: creates ask again at once
+    if priced.invalid:  # the scheduler's own answer: its catalog does not know a name
+        return Planned(priced.estimate, invalid=priced.invalid)
     size = await download_bytes(nc, obj)
     estimate = with_downloads(priced.estimate, size, res.kind)
-    return Planned(estimate, scheduled.slots, download_time(size) if size > 0 else timedelta(0))
+    return Planned(estimate, priced.slots, download_time(size) if size > 0 else timedelta(0))
 
 
 def with_estimate(obj: Any, estimate: Estimate) -> Any:

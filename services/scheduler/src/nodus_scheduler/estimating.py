@@ -45,6 +45,7 @@ from nodus_scheduler.capacityfix import capacity_fix
 from nodus_scheduler.cataloging import catalog_for
 from nodus_scheduler.deadlining import with_deadline_warnings
 from nodus_scheduler.estimateview import Capacity, CapacityView, InformedHistory, candidates
+from nodus_scheduler.forwarding import QuoteForwarder
 from nodus_scheduler.placing import REASONS, Placement, demand_of, place, request_of
 from nodus_scheduler.recalling import (
     DEFAULT,
@@ -69,8 +70,10 @@ from nodus_schema.estimating import (
     DEFAULT_EXPECTED_DURATION,
     DEFAULT_MAX_PARALLEL,
     ESTIMATE_SUBJECT,
+    QUOTE_SUBJECT,
     EstimateReply,
     EstimateRequest,
+    QuoteRequest,
     SlotPlan,
     p90_of,
     startup_of,
@@ -628,8 +631,10 @@ class Estimator:
         *,
         gone_after: timedelta = UNREACHABLE_GRACE,
         world: World | None = None,
+        quote_subject: str = QUOTE_SUBJECT,
     ) -> None:
         self.catalog = catalog
+        self.forwarder = QuoteForwarder(nc, subject=quote_subject)
         self.gone_after = gone_after
         """Nodes NotReady for longer are left out, as placement leaves them out (capacity.py)."""
         self.nodes = ObjectStore(nc, "nodes", Node)
@@ -640,6 +645,18 @@ class Estimator:
                 InformedHistory(world.jobs) if world is not None else RunHistory(ObjectStore(nc, "jobs", Job))
             )
         self.history = history
+
+    async def serve(self, request: EstimateRequest) -> EstimateReply | messaging.Forward:
+        """The endpoint's handler: the plan, or with ``priced`` the plan passed on to billing, whose priced
+        reply answers the asker (one round trip fewer than the asker relaying it; ADR-0031). A plan that
+        names what the catalog does not know is answered here: billing has nothing to price."""
+        scheduled = await self.handle(request)
+        if not request.priced or scheduled.invalid:
+            return scheduled
+        plain = msgspec.structs.replace(request, priced=False, pipeline=None)
+        return await self.forwarder.price(
+            QuoteRequest(request=plain, scheduled=scheduled, pipeline=request.pipeline)
+        )
 
     async def handle(self, request: EstimateRequest) -> EstimateReply:
         self.history.maybe_refresh()
@@ -672,11 +689,15 @@ async def serve_estimates(
     history: RunHistory | None = None,
     gone_after: timedelta = UNREACHABLE_GRACE,
     world: World | None = None,
+    quote_subject: str = QUOTE_SUBJECT,
 ) -> Any:
     """Serve ``nodus.rpc.scheduler.estimate`` in queue group ``scheduler``; returns the subscription. The
     run history (of the jobs bucket, unless ``history`` is given) starts loading at once. Nodes NotReady
     for longer than ``gone_after`` are no capacity (the scheduler's NODUS_NODE_UNREACHABLE_GRACE_S).
-    ``world``: the scheduler's informers, which the estimates then read instead of the buckets."""
-    estimator = Estimator(nc, catalog, history, gone_after=gone_after, world=world)
+    ``world``: the scheduler's informers, which the estimates then read instead of the buckets.
+    ``quote_subject``: where a priced estimate's plan is passed on (billing's quote)."""
+    estimator = Estimator(
+        nc, catalog, history, gone_after=gone_after, world=world, quote_subject=quote_subject
+    )
     estimator.history.maybe_refresh()
-    return await messaging.serve(nc, subject, EstimateRequest, estimator.handle, queue=QUEUE)
+    return await messaging.serve(nc, subject, EstimateRequest, estimator.serve, queue=QUEUE)
