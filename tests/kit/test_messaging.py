@@ -255,3 +255,48 @@ async def test_an_error_reply_of_the_previous_release_still_raises_its_class(nc:
             await messaging.request(nc, f"nodus.rpc.{unique}", Ping("j", 1), Quote)
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_forwarded_request_is_answered_by_the_next_service_with_its_request_id_and_errors(
+    nc: NATS, unique: str
+) -> None:
+    """A handler that returns Forward passes the request on: the next service answers the asker (its
+    answer and its errors alike), the request id goes along, and nothing is answered twice."""
+    first, second = f"nodus.rpc.{unique}.first", f"nodus.rpc.{unique}.second"
+    heard: list[str | None] = []
+
+    async def passing(p: Ping) -> messaging.Forward:
+        return messaging.Forward(second, Ping(p.job, p.attempt_no + 1))
+
+    async def answering(p: Ping) -> Quote:
+        heard.append(tracing.current_request_id())
+        if p.job == "missing":
+            raise errors.NotFound("no such job")
+        return Quote(usd=f"{p.attempt_no}.00")
+
+    subs = [
+        await messaging.serve(nc, first, Ping, passing),
+        await messaging.serve(nc, second, Ping, answering),
+    ]
+    replies: list[Any] = []
+    inbox = nc.new_inbox()
+
+    async def count(msg: Any) -> None:
+        replies.append(msg)
+
+    counting = await nc.subscribe(inbox, cb=count)
+    token = tracing.set_request_id("req-fwd")
+    try:
+        assert await messaging.request(nc, first, Ping("j", 1), Quote) == Quote("2.00")
+        with pytest.raises(errors.NotFound, match="no such job"):
+            await messaging.request(nc, first, Ping("missing", 1), Quote)
+        await nc.publish(first, msgspec.json.encode(Ping("j", 5)), reply=inbox)
+        await eventually(lambda: replies, deadline_s=5, message="the forwarded request is answered")
+        await nc.flush()
+    finally:
+        tracing._request_id.reset(token)
+        await counting.unsubscribe()
+        for sub in subs:
+            await sub.unsubscribe()
+    assert heard == ["req-fwd", "req-fwd", None], "the request id goes along with what is passed on"
+    assert len(replies) == 1 and msgspec.json.decode(replies[0].data, type=Quote) == Quote("6.00")
