@@ -35,8 +35,14 @@ from nodus_kit.keying import META_PREFIX, NODUS_OP, Event, Page, is_marker, key_
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
-# How long a consumer may be silent (no message, no heartbeat) before the watch re-creates it.
 HEARTBEAT_S = 1.0
+"""The consumer's idle heartbeat. nats-py's ordered consumer re-creates a consumer that missed two of them
+(a consumer lost with its server), from the stream sequence after the last message it delivered."""
+SILENCE_CHECK_S: Final = 30.0
+"""How long a watch goes without a message before it asks its consumer's info itself (and re-creates it
+when the server no longer knows it): a backstop to nats-py's own re-creation above, which alone also
+checks that a watch away that long has not missed a delete marker compacted meanwhile (410). It was
+every 3 s of silence, a JetStream API request per idle watch three times a minute (issue #23, idle)."""
 MAX_BUFFERED: Final = 8192
 """Messages a watch holds for its reader at most; past that it drops its consumer until the reader has
 read them (memory stays bounded for a slow reader, such as a gateway watch to a slow client)."""
@@ -113,6 +119,8 @@ class Watch(Generic[T]):
         self._unyielded = 0
         self._closed = False
         self._consumers = 0
+        self._silent_since: float | None = None
+        """Loop time since which the consumer has sent nothing (None: a message since the last wait)."""
 
     async def start(self) -> Watch[T]:
         if self.start_rv is None:
@@ -190,6 +198,7 @@ class Watch(Generic[T]):
             while buffer:
                 msg = buffer.popleft()
                 self._buffered_bytes -= len(msg.data)
+                self._silent_since = None
                 event = self._event(msg)
                 if event is not None:
                     return await self._handed(event)
@@ -207,7 +216,11 @@ class Watch(Generic[T]):
                 raise TimeoutError
             if self.store.nc.is_closed:
                 raise ConnectionClosedError
-            if not self._closed:
+            now = loop.time()
+            if self._silent_since is None:
+                self._silent_since = now - wait
+            if not self._closed and now - self._silent_since >= SILENCE_CHECK_S:
+                self._silent_since = now
                 await self._resubscribe_if_lost()
         raise WatchClosed(self.subject)
 
