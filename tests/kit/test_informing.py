@@ -90,25 +90,6 @@ async def test_a_relist_keeps_a_write_newer_than_the_list(nc: NATS, unique: str)
     assert informer.get(unique, "mine") == mine
 
 
-async def test_a_late_write_through_of_an_object_a_newer_list_lacked_leaves_no_ghost(
-    nc: NATS, unique: str
-) -> None:
-    """A controller's write applied after a relist that no longer held the object (deleted in between, its
-    tombstone gone with the list) is older than the list: it is refused, or the view would hold it for
-    ever (its delete was already told). A revision above the list's is a new object: taken."""
-    jobs = ObjectStore(nc, "jobs", Job)
-    informer = Informer(jobs, namespace=unique)
-    written = await jobs.create(_job(unique, "late"))  # a reconcile's write, its apply still to come
-    gone = await jobs.delete(unique, "late")
-    assert informer.apply(gone, deleted=True)
-    page = await jobs.list(unique)
-    informer.replace(page.items, page.resource_version)  # the tombstone goes: the list answers for it
-    assert not informer.apply(written), "older than a list that did not hold it"
-    assert informer.get(unique, "late") is None
-    again = await jobs.create(_job(unique, "late"))  # created again after the list
-    assert informer.apply(again) and informer.get(unique, "late") == again
-
-
 async def test_confirm_reads_the_store_only_for_an_object_the_view_lacks(nc: NATS, unique: str) -> None:
     """``confirm``: what the view holds as is; one it has not shown yet (its watch behind another's) from
     the store, taken into the view; None only when the store has none either."""

@@ -102,9 +102,6 @@ class Informer(Generic[T]):
         self.synced = asyncio.Event()
         self._objects: dict[Key, T] = {}
         self._gone: dict[Key, int] = {}  # tombstones: the revision each key was deleted at
-        self._listed = 0
-        """The revision of the last list the view was replaced with: a key the view lacks was not in the
-        store at it (or was deleted since, and its tombstone went with a later list)."""
         self._indexers = dict(indexers or {})
         self._indexes: dict[str, dict[str, dict[Key, T]]] = {n: {} for n in self._indexers}
         self._handlers: list[Handler] = []
@@ -182,10 +179,8 @@ class Informer(Generic[T]):
         old = self._objects.get(key)
         if old is not None and revision_of(old) >= rv:
             return False  # older, or the echo of a write already taken through apply: nothing to tell
-        if old is None and (self._gone.get(key, -1) >= rv or rv <= self._listed):
-            # An event older than the delete the view already took; or a late write-through of an object
-            # a newer list did not hold (deleted since, its tombstone gone with that list): no ghost.
-            return False
+        if old is None and self._gone.get(key, -1) >= rv:
+            return False  # an event older than the delete the view already took
         if deleted:
             self._remove(key)
             self._gone[key] = rv
@@ -247,9 +242,8 @@ class Informer(Generic[T]):
             if key not in listed and revision_of(obj) <= revision:
                 self._remove(key)
                 self._notify(Event("DELETED", obj, revision))
-        # Tombstones at or below the list's revision are answered by the list itself (and by _listed).
+        # Tombstones at or below the list's revision are answered by the list itself.
         self._gone = {k: rv for k, rv in self._gone.items() if rv > revision}
-        self._listed = max(self._listed, revision)
 
     # -- following the store -------------------------------------------------------------------------
     @property
