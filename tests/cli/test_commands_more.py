@@ -27,8 +27,8 @@ from nodus_cli import main, watching
 from nodus_cli import waiting as waiting_module
 from nodus_cli.kinds import JOB
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_scheduler.publishing import publish_catalog
 from nodus_schema import Job, JobStatus, ObjectMeta, Sweep, SweepStatus
 from nodus_schema.attempts import Attempt, AttemptSpec

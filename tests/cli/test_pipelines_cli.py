@@ -23,8 +23,8 @@ from nats.aio.client import Client as NATS
 from nodus_billing.quoting import serve_quotes
 from nodus_cli import main
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.pipelines import Pipeline, PipelineStatus
 from nodus_testing.waiting import eventually
 

@@ -762,7 +762,7 @@ def test_the_tables_rpc_subjects_are_the_services(monkeypatch: pytest.MonkeyPatc
     from nodus_agent.logshipping import STREAM as LOG_STREAM
     from nodus_agent.service import ASSIGNMENTS, assign_subject
     from nodus_billing.serving import QUEUE as BILLING_QUEUE
-    from nodus_scheduler.estimating import QUEUE as SCHEDULER_QUEUE
+    from nodus_scheduler.answering import QUEUE as SCHEDULER_QUEUE
 
     assert (LOG_STREAM, ASSIGNMENTS, BILLING_QUEUE, SCHEDULER_QUEUE) == (
         "NODUS_LOGS",

@@ -16,8 +16,8 @@ from nodus_gateway import estimating
 from nodus_gateway.app import build_app
 from nodus_gateway.gitrefs import GitSettings
 from nodus_gateway.resources import stores_for
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 

@@ -25,8 +25,8 @@ from nats.aio.client import Client as NATS
 
 from nodus_billing.quoting import serve_quotes
 from nodus_gateway.resources import stores_for
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.defaulting import default_job
 from nodus_schema.jobs import Job
 

@@ -13,8 +13,8 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 
 from nodus_billing.quoting import serve_quotes
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.meta import format_time
 
 API = "/apis/nodus.dev/v1"

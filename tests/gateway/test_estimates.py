@@ -21,8 +21,8 @@ from nodus_billing.holding import Grant, PutBudget
 from nodus_billing.quoting import serve_quotes
 from nodus_billing.standing import month_of
 from nodus_gateway import estimating
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.costs import Estimate
 from nodus_schema.defaulting import default_job
 from nodus_schema.estimating import ESTIMATE_SUBJECT, RATE_CEILING_ANNOTATION, estimate_etag

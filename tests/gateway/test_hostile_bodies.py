@@ -31,8 +31,8 @@ from nodus_gateway.patching import (
 )
 from nodus_gateway.principals import Principals
 from nodus_gateway.resources import RESOURCES, stores_for
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.parsing import MAX_DEPTH
 from nodus_schema.wire import DOCS_BASE
 

@@ -28,8 +28,8 @@ from nodus_gateway.estimating import LARGE_DOWNLOAD_BYTES, download_bps
 from nodus_gateway.gitrefs import GitSettings, covers
 from nodus_gateway.resources import stores_for
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.jobs import Job
 from nodus_schema.meta import ObjectMeta, now_rfc3339
 from nodus_schema.quantities import parse_duration

@@ -16,9 +16,10 @@ from nats.aio.client import Client as NATS
 from nodus_billing.quoting import serve_quotes
 from nodus_kit import messaging
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
 from nodus_scheduler.deadlining import slot_p90, sweep_p90
-from nodus_scheduler.estimating import estimate, serve_estimates
+from nodus_scheduler.estimating import estimate
 from nodus_schema.catalog import Catalog
 from nodus_schema.costs import DurationBand, Estimate
 from nodus_schema.estimating import EstimateReply, EstimateRequest, QuoteRequest, SlotPlan, startup_of

@@ -16,8 +16,9 @@ from nodus_billing.quoting import serve_quotes
 from nodus_kit import messaging
 from nodus_kit.keying import Page
 from nodus_kit.storing import ObjectStore
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog, pricebook_version_of
-from nodus_scheduler.estimating import choose, estimate, serve_estimates
+from nodus_scheduler.estimating import choose, estimate
 from nodus_scheduler.recalling import RunHistory, history_key, run_band, run_seconds_of
 from nodus_schema.catalog import Catalog
 from nodus_schema.costs import Estimate

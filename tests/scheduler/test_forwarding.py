@@ -15,8 +15,8 @@ from nats.aio.client import Client as NATS
 from nodus_billing.quoting import serve_quotes
 from nodus_kit import errors, measuring, messaging
 from nodus_scheduler import forwarding
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_schema.estimating import EstimateReply, EstimateRequest, QuoteRequest
 from nodus_schema.gpus import GPURequest
 from nodus_schema.jobs import JobSpec, Resources

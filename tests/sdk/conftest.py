@@ -37,8 +37,8 @@ async def services(nc: NATS) -> AsyncIterator[None]:
     from nodus_billing.books import Books
     from nodus_billing.quoting import serve_quotes
     from nodus_billing.serving import serve_accounts
+    from nodus_scheduler.answering import serve_estimates
     from nodus_scheduler.cataloging import load_catalog
-    from nodus_scheduler.estimating import serve_estimates
 
     subs = [
         *await serve_accounts(nc, Books(nc)),

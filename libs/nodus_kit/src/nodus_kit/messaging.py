@@ -282,8 +282,10 @@ class Forward:
     """What an endpoint's handler returns to pass its request on rather than answer it: ``message`` is
     published on ``subject`` with the asker's reply subject (and this span's trace context and the
     request id), so the service serving ``subject`` answers the asker directly, its errors included.
-    With nobody serving ``subject`` the server answers the asker "no responders" (nats-py asks for that
-    on every connection). The credential needs the right to publish on ``subject``."""
+    With nobody serving ``subject`` the request is lost and the asker waits out its timeout: nats-server
+    tells "no responders" only to the client that published. A handler that forwards must know the next
+    service serves (``nodus_scheduler.forwarding`` checks). The credential needs the right to publish on
+    ``subject``."""
 
     subject: str
     message: Any

@@ -144,8 +144,8 @@ class EstimateRequest(Wire):
     """Priced by billing too, in one round trip: the scheduler passes its plan on to billing as a
     :class:`QuoteRequest` on :data:`QUOTE_SUBJECT` with the asker's reply subject, and billing's reply (or
     error) is the answer; a plan naming what the catalog does not know (``invalid``) is answered by the
-    scheduler itself. With nobody serving either subject the asker hears "no responders". False: the
-    scheduler's unpriced plan."""
+    scheduler itself, and so is Unavailable while nobody serves the quote. False: the scheduler's unpriced
+    plan."""
     pipeline: PipelineCap | None = None
     """With ``priced``: the :attr:`QuoteRequest.pipeline` billing sizes the first holds under."""
 

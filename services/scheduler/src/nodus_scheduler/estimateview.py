@@ -1,5 +1,5 @@
 """What an estimate reads from the scheduler's informers (:class:`~nodus_scheduler.viewing.World`), so that
-the estimate endpoint (:class:`~nodus_scheduler.estimating.Estimator`) answers from memory, and what it
+the estimate endpoint (:class:`~nodus_scheduler.answering.Estimator`) answers from memory, and what it
 works out once for many estimates:
 
 * :class:`CapacityView` and :class:`Capacity`: the live nodes, the busy set and the nodes kept warm, read

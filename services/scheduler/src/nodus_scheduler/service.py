@@ -28,8 +28,8 @@ from nodus_kit.informing import key_of
 from nodus_kit.leasing import Lease, run_as_leader
 from nodus_kit.messaging import Consumer
 from nodus_kit.servicing import Service
+from nodus_scheduler.answering import serve_estimates
 from nodus_scheduler.cataloging import load_catalog
-from nodus_scheduler.estimating import serve_estimates
 from nodus_scheduler.expiring import Expirer
 from nodus_scheduler.expiring import settled as nothing_to_expire
 from nodus_scheduler.lifecycle import Lifecycle
