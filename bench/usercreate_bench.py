@@ -54,7 +54,7 @@ from bench.gateway_bench import (
     _Server,
     drive,
 )
-from bench.running import Result, bus_auth, cpu_seconds, credential, spawn
+from bench.running import Result, bus_auth, cpu_seconds, credential, spawn, stored_messages
 from nodus_kit import declaring
 from nodus_kit.connecting import connect
 from nodus_kit.leasing import Lease
@@ -101,6 +101,7 @@ class Run:
     latencies_ms: list[float]  # sorted
     cpu_us: dict[str, float] = field(default_factory=dict)  # process -> CPU µs per create
     unestimated: int = 0  # answers without status.estimate (the services did not answer in time)
+    stored: dict[str, float] = field(default_factory=dict)  # bucket or stream -> messages stored per create
 
     def percentile(self, p: float) -> float:
         """Nearest-rank percentile: the smallest latency that at least p% of requests did not exceed."""
@@ -108,9 +109,11 @@ class Run:
 
     def line(self) -> str:
         cpu = ", ".join(f"{k} {v:,.0f}" for k, v in self.cpu_us.items())
+        stored = ", ".join(f"{k} {v:.2f}" for k, v in sorted(self.stored.items(), key=lambda kv: -kv[1]) if v)
         return (
             f"  {self.server:9} {self.rate:7,.0f} req/s   p50 {self.percentile(50):6.1f} ms   "
             f"p99 {self.percentile(99):6.1f} ms   without estimate {self.unestimated}   CPU µs/req: {cpu}"
+            + (f"\n            stored per request: {stored}" if stored else "")
         )
 
 
@@ -134,13 +137,18 @@ async def _measure(
     n: int,
     tag: str,
     path: str = COLLECTION,
+    nc: Any = None,
 ) -> Run:
+    """``nc``: a bus connection to read, before and after, what the bus stored (and synced) per request:
+    the Job, its status's writes by the scheduler and billing (and their compare-and-set retries' reads
+    are not stored), the events."""
     warm = [_job(f"{tag}-w{i}") for i in range(WARMUP)]
     bodies = [_job(f"{tag}-{i}") for i in range(n)]
     connections = [await _Connection.open(port, path, tls) for _ in range(CLIENTS)]
     try:
         await _drive(connections, warm)
         cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+        seq0 = await stored_messages(nc) if nc is not None else {}
         own0 = time.process_time()
         start = time.perf_counter()
         latencies, unestimated = await _drive(connections, bodies)
@@ -150,7 +158,24 @@ async def _measure(
     finally:
         for c in connections:
             await c.close()
-    return Run(server, n / elapsed, sorted(latencies), cpu, unestimated)
+    stored = {}
+    if nc is not None:  # read once the controllers' writes for the last creates have landed
+        seq1 = await _quiet(nc)
+        stored = {k: (seq1[k] - seq0[k]) / n for k in seq1}
+    return Run(server, n / elapsed, sorted(latencies), cpu, unestimated, stored)
+
+
+async def _quiet(nc: Any) -> dict[str, int]:
+    """What the bus has stored, once nothing was stored for 0.5 s (within 10 s)."""
+    last = await stored_messages(nc)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)  # the quiet being measured, not synchronisation
+        now = await stored_messages(nc)
+        if now == last:
+            break
+        last = now
+    return last
 
 
 async def _ready(nc: Any, logs: Path) -> None:
@@ -229,7 +254,7 @@ async def run(n: int) -> list[Result]:
             runs: list[Run] = []
             for r in range(ROUNDS):
                 runs.append(await _measure("bare", bare.port, tls, {"bare": bare.proc.pid}, n, f"b{r}"))
-                runs.append(await _measure("gateway", gateway.port, tls, pids, n, f"g{r}"))
+                runs.append(await _measure("gateway", gateway.port, tls, pids, n, f"g{r}", nc=nc))
             # The estimate alone: dry runs ask the scheduler and billing and store nothing.
             dry = await _measure("dry-run", gateway.port, tls, pids, n, "d", f"{COLLECTION}?dryRun=All")
             for name in SERVICES:  # the context row: nobody answers the estimate

@@ -181,9 +181,13 @@ class Catalog(Wire, dict=True):
         known = {b.version for b in self.pricebooks} | {self.pricebook_version}
         return sorted(known, key=version_key, reverse=True)
 
+    @functools.cached_property
+    def _newest(self) -> str:
+        return self.versions()[0]
+
     def latest(self) -> Catalog:
-        """The newest version: the one new admissions use."""
-        return self.at(self.versions()[0])
+        """The newest version: the one new admissions use (found once: every estimate asks)."""
+        return self.at(self._newest)
 
     def at(self, version: str) -> Catalog:
         """The catalog at price book ``version`` (the same object on every call); raises UnknownPricebook."""

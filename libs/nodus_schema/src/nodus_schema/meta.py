@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Generic, TypeVar
 
 import msgspec
@@ -56,14 +56,28 @@ def format_time(dt: datetime) -> str:
     """An aware datetime as metav1.Time writes it: UTC, whole seconds, ``Z`` (``2026-11-30T05:00:00Z``)."""
     if dt.tzinfo is None:
         raise ValueError("format_time needs an aware datetime (with a time zone)")
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # By the whole second, exactly (timedelta arithmetic: a float timestamp rounds near year 9999).
+    return _format_second((dt - _EPOCH) // _SECOND)
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_SECOND: Final = timedelta(seconds=1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _format_second(second: int) -> str:
+    # Cached: controllers stamp the current second many times over (a Job's conditions, its events, a
+    # pass over many objects), and strftime is most of the call's cost.
+    d = _EPOCH + timedelta(seconds=second)
+    # Four digits of year always (strftime writes year 999 as "999", which no RFC 3339 reader takes).
+    return f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}Z"
 
 
 def now_rfc3339() -> str:
     """The current time as an RFC 3339 string, as metav1.Time serialises (whole seconds, UTC)."""
     second = int(time.time())
     if second != _last_stamp[0]:  # formatted once a second: every write of an object stamps a time
-        _last_stamp[:] = [second, format_time(datetime.fromtimestamp(second, UTC))]
+        _last_stamp[:] = [second, _format_second(second)]
     return str(_last_stamp[1])
 
 

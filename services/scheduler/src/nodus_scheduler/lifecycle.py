@@ -263,11 +263,12 @@ class Lifecycle:
         # holds) would fail every reconcile of the Job for ever: read it within the ranges (ranging.py).
         job = within_ranges(job)
         uid = job.metadata.uid
-        attempts = [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) == uid]
-        # Leftovers of an earlier Job of the same name: stop them, never count them.
-        await self._stop(
-            [a for a in named if a.metadata.labels.get(JOB_UID_LABEL) != uid], StopReason.JOB_DELETED
-        )
+        attempts: list[Attempt] = []
+        leftovers: list[Attempt] = []  # of an earlier Job of the same name: stop them, never count them
+        for a in named:  # one pass: a large Job's reconcile reads every Attempt it has
+            (attempts if a.metadata.labels.get(JOB_UID_LABEL) == uid else leftovers).append(a)
+        if leftovers:
+            await self._stop(leftovers, StopReason.JOB_DELETED)
         if job.status.phase in TERMINAL_PHASES:
             self.binder.drop(key)
             await self._stop(attempts, StopReason.JOB_FINISHED)
@@ -309,8 +310,14 @@ class Lifecycle:
         if assembly_exhausted(view):
             return []  # an index's gang never assembled, 1 + maxAssemblyRetries times: the Job fails
         free = (spec.parallelism or 1) - len(view.active)
-        todo = [i for i in range(spec.completions or 1) if i not in view.succeeded and i not in view.active]
-        return [(i, view.tries.get(i, 0) + 1) for i in todo[: max(free, 0)]]
+        runs: list[tuple[int, int]] = []
+        succeeded, active, tries = view.succeeded, view.active, view.tries
+        for i in range(spec.completions or 1):
+            if len(runs) >= free:
+                break  # the first ``free`` indexes to run, not a list of all that wait
+            if i not in succeeded and i not in active:
+                runs.append((i, tries.get(i, 0) + 1))
+        return runs
 
     async def _reassign_stuck(self, job: Job, view: View, now: datetime) -> None:
         stuck = list(view.active.values())

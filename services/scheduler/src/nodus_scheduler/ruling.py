@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -78,9 +79,12 @@ class View:
     assembling: dict[int, tuple[int, int]] = field(default_factory=dict)  # active: (members started, size)
 
 
+_BY_NUMBER: Final = operator.attrgetter("spec.attempt")  # in C: a pass sorts every Attempt of the Job
+
+
 def summarize(attempts: list[Attempt], min_progress_s: float = DEFAULT_MIN_PROGRESS_S) -> View:
     v = View()
-    for a in sorted(attempts, key=lambda a: a.spec.attempt):
+    for a in sorted(attempts, key=_BY_NUMBER):
         i, phase = a.spec.index, a.status.phase
         v.tries[i] = max(v.tries.get(i, 0), a.spec.attempt)
         if phase == "Succeeded":

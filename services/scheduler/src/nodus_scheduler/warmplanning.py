@@ -81,7 +81,9 @@ def plan_warm(
     window = scaledown_window(spec)
     if gang > 1 or runs <= 0:
         return WarmPlan()
-    own_nodes = [n for n in nodes if warm.get(n.metadata.name or "") == namespace]
+    # The project's warm nodes by name first: a walk of every node per estimate only when it has some.
+    names = {name for name, project in warm.items() if project == namespace}
+    own_nodes = [n for n in nodes if (n.metadata.name or "") in names] if names else []
     own = [p for n in own_nodes if isinstance(p := place(spec, [n], set(), catalog, now), Placement)]
     if open_index is None:
         open_to_us = [n for n in nodes if warm.get(n.metadata.name or "") in (None, namespace)]
