@@ -89,3 +89,13 @@ async def test_the_glance_answers_what_the_whole_book_answers(nc: NATS, unique: 
     assert available(glance, unique) == available(whole, unique) == 7_050_000
     assert whole.ledger and not glance.ledger  # the bulk of the book is not read
     assert await reads.read(unique, whole=True) == whole
+
+
+async def test_an_opening_state_is_kept_and_never_changed_by_a_commit(nc: NATS, unique: str) -> None:
+    books = Books(nc, starting_micros=7_000_000)
+    opening = await books.read(unique)  # no book yet: the opening state, kept for the next read
+    assert await books.read(unique) is opening
+    await books.apply(unique, [Grant(grant_id="g", project=unique, amount_micros=1_000)])
+    assert available(opening, unique) == 7_000_000  # the commit applied to a copy
+    assert available(await books.read(unique), unique) == 7_001_000
+    assert available(books.opening(unique), unique) == 7_000_000  # what a project without its book opens
