@@ -14,6 +14,7 @@ from nodus_scheduler.ruling import (
     queue_timeout_s,
     summarize,
     track_suspension,
+    wanted_runs,
 )
 from nodus_schema.attempts import Attempt, AttemptSpec, AttemptStatus
 from nodus_schema.jobs import Job, JobSpec, JobStatus
@@ -177,3 +178,13 @@ def test_a_jobs_mean_throughput_is_plain_digits_never_an_exponent() -> None:
     assert measures([ran("670")]) == (1, "670")
     assert measures([ran("600"), ran("800")]) == (1, "700")
     assert measures([ran("0.5"), ran("0.25")]) == (1, "0.375")
+
+
+def test_the_runs_wanted_are_the_first_indexes_not_done_nor_running_up_to_parallelism() -> None:
+    wide = job(completions=6, parallelism=3)
+    view = summarize([run(0, 1, "Succeeded", 0, 10), run(1, 1, "Running", 5), run(2, 1, "Failed", 0, 10)])
+    # Index 0 is done and 1 runs: two more fit; index 2 is tried again (its second run), then index 3.
+    assert wanted_runs(wide, view, None) == [(2, 2), (3, 1)]
+    assert wanted_runs(job(completions=6, parallelism=1), view, None) == []  # index 1 fills it
+    assert wanted_runs(job(completions=6, parallelism=20), view, None) == [(2, 2), (3, 1), (4, 1), (5, 1)]
+    assert wanted_runs(wide, view, "Suspended") == []  # a halted Job starts nothing

@@ -78,22 +78,19 @@ from nodus_scheduler.ranging import within_ranges
 from nodus_scheduler.ruling import (
     REASSIGN_AFTER_S,
     View,
-    assembly_exhausted,
     continuity_of,
     deadline_left,
     explain_placement,
     gang_check,
     halt_reason,
-    interrupted_fail,
     job_status,
     lost_on,
-    max_attempts_of,
     min_progress_of,
     next_check,
-    over_backoff,
     previous_run,
     summarize,
     summarize_gangs,
+    wanted_runs,
 )
 from nodus_scheduler.viewing import JobKey, World
 from nodus_scheduler.warming import WarmWindows
@@ -291,33 +288,13 @@ class Lifecycle:
                 ]
             view = summarize_gangs(attempts, shape, min_progress_of(job))
         await self._reassign_stuck(job, view, now)
-        runs = self._wanted(job, view, halt)
+        runs = wanted_runs(job, view, halt)
         self.binder.want(key, Demand(job, runs))
         status = job_status(
             job, view, self.binder.unplaced.get(key) if runs else None, now, self.catalog, block
         )
         await self._write_status(job, status)
         return next_check(job, status, now, gang_check(view, now))
-
-    def _wanted(self, job: Job, view: View, halt: str | None) -> list[tuple[int, int]]:
-        """(index, attempt number) of the runs to start now, up to parallelism; none when halted."""
-        spec = job.spec
-        if halt or over_backoff(job, view) or interrupted_fail(job, view):
-            return []
-        max_attempts = max_attempts_of(job)
-        if any(n >= max_attempts for i, n in view.infra.items() if i not in view.succeeded):
-            return []  # an index used up its replacements: the Job fails (see phase_of)
-        if assembly_exhausted(view):
-            return []  # an index's gang never assembled, 1 + maxAssemblyRetries times: the Job fails
-        free = (spec.parallelism or 1) - len(view.active)
-        runs: list[tuple[int, int]] = []
-        succeeded, active, tries = view.succeeded, view.active, view.tries
-        for i in range(spec.completions or 1):
-            if len(runs) >= free:
-                break  # the first ``free`` indexes to run, not a list of all that wait
-            if i not in succeeded and i not in active:
-                runs.append((i, tries.get(i, 0) + 1))
-        return runs
 
     async def _reassign_stuck(self, job: Job, view: View, now: datetime) -> None:
         stuck = list(view.active.values())

@@ -363,6 +363,27 @@ def next_check(job: Job, status: JobStatus, now: datetime, gang: float | None = 
     return min(checks)
 
 
+def wanted_runs(job: Job, view: View, halt: str | None) -> list[tuple[int, int]]:
+    """(index, attempt number) of the runs to start now, up to parallelism; none when halted."""
+    spec = job.spec
+    if halt or over_backoff(job, view) or interrupted_fail(job, view):
+        return []
+    max_attempts = max_attempts_of(job)
+    if any(n >= max_attempts for i, n in view.infra.items() if i not in view.succeeded):
+        return []  # an index used up its replacements: the Job fails (see phase_of)
+    if assembly_exhausted(view):
+        return []  # an index's gang never assembled, 1 + maxAssemblyRetries times: the Job fails
+    free = (spec.parallelism or 1) - len(view.active)
+    runs: list[tuple[int, int]] = []
+    succeeded, active, tries = view.succeeded, view.active, view.tries
+    for i in range(spec.completions or 1):
+        if len(runs) >= free:
+            break  # the first ``free`` indexes to run, not a list of all that wait
+        if i not in succeeded and i not in active:
+            runs.append((i, tries.get(i, 0) + 1))
+    return runs
+
+
 def assembly_exhausted(view: View) -> bool:
     """An index's gang timed out assembling 1 + maxAssemblyRetries times in a row."""
     gang = view.gang
