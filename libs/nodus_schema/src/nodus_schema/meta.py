@@ -2,7 +2,7 @@
 
 These follow apimachinery's metav1 types field by field so that kubectl and client-go read them unchanged.
 Timestamps are RFC 3339 strings on the wire (``"2026-11-30T05:00:00Z"``) and stay ``str`` in the structs;
-:func:`now_rfc3339`, :func:`format_time` and :func:`parse_time` convert.
+:func:`now_rfc3339`, :func:`format_time`, :func:`format_second` and :func:`parse_time` convert.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def format_time(dt: datetime) -> str:
     if dt.tzinfo is None:
         raise ValueError("format_time needs an aware datetime (with a time zone)")
     # By the whole second, exactly (timedelta arithmetic: a float timestamp rounds near year 9999).
-    return _format_second((dt - _EPOCH) // _SECOND)
+    return format_second((dt - _EPOCH) // _SECOND)
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -65,9 +65,10 @@ _SECOND: Final = timedelta(seconds=1)
 
 
 @functools.lru_cache(maxsize=1024)
-def _format_second(second: int) -> str:
-    # Cached: controllers stamp the current second many times over (a Job's conditions, its events, a
-    # pass over many objects), and strftime is most of the call's cost.
+def format_second(second: int) -> str:
+    """An epoch second as metav1.Time writes it (``2026-11-30T05:00:00Z``). Remembered: controllers stamp
+    the current second many times over (a Job's conditions, its events, every write of an object, a pass
+    over many objects, the node beats heard), and formatting was most of the call's cost."""
     d = _EPOCH + timedelta(seconds=second)
     # Four digits of year always (strftime writes year 999 as "999", which no RFC 3339 reader takes).
     return f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}Z"
@@ -75,13 +76,7 @@ def _format_second(second: int) -> str:
 
 def now_rfc3339() -> str:
     """The current time as an RFC 3339 string, as metav1.Time serialises (whole seconds, UTC)."""
-    second = int(time.time())
-    if second != _last_stamp[0]:  # formatted once a second: every write of an object stamps a time
-        _last_stamp[:] = [second, _format_second(second)]
-    return str(_last_stamp[1])
-
-
-_last_stamp: list[Any] = [None, ""]
+    return format_second(int(time.time()))
 
 
 def parse_time(text: str) -> datetime:

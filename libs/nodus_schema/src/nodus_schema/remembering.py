@@ -1,4 +1,5 @@
-"""A bounded memo, least recently used out: what the admission path remembers per distinct spec.
+"""A bounded memo, least recently used out: what the admission path remembers per distinct spec (and
+billing per project with no book yet, its opening state).
 
 A spec's verdicts depend on the spec alone (not on the time, the name or anything stored), and the same
 spec comes back often: a Sweep file submitted again under a new name, a client's retry, `kubectl apply` of

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -50,6 +49,7 @@ from nodus_kit.storing import ObjectStore
 from nodus_schema.messages import ObjectEvent
 from nodus_schema.meta import ObjectMeta, now_rfc3339
 from nodus_schema.quantities import micros_to_usd
+from nodus_schema.remembering import Memo
 from nodus_schema.wire import API_VERSION, Wire
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,8 @@ class Books:
         self._kept: dict[str, Book] = {}
         """Per project, the newest book this replica read or wrote that needed no repair. Never changed in
         place: every commit applies to a copy (and callers only read the states they are given)."""
-        self._openings: OrderedDict[str, State] = OrderedDict()
-        """Per project, the opening state :meth:`opening` gave (the most recent :data:`OPENINGS_KEPT`): a
+        self._openings: Memo[str, State] = Memo(OPENINGS_KEPT)
+        """Per project, the opening state :meth:`opening` gave (the :data:`OPENINGS_KEPT` last used): a
         project with no book yet is read by each quote and each pass of its Jobs, and building its state
         (a grant applied to an empty one) was 5% of billing's time a create. Only read, as above."""
 
@@ -273,13 +273,7 @@ class Books:
 
     def opening(self, project: str) -> State:
         """The state of a project with no book yet: its starting credits (written with its first commit)."""
-        openings = self._openings
-        state = openings.get(project)
-        if state is None:
-            state = openings[project] = self._opening(project, State())
-            if len(openings) > OPENINGS_KEPT:
-                openings.popitem(last=False)
-        return state
+        return self._openings.get(project, lambda: self._opening(project, State()))
 
     def _opening(self, project: str, state: State) -> State:
         """A project's starting credits, granted once (the grant's id makes it so)."""

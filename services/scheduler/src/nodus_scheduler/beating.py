@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -35,7 +35,7 @@ from nodus_kit.informing import Informer
 from nodus_kit.keying import Event
 from nodus_scheduler.ruling import alive
 from nodus_schema.messages import BEAT_PREFIX, NodeBeat, beat_subject
-from nodus_schema.meta import format_time, parse_time
+from nodus_schema.meta import format_second, parse_time
 from nodus_schema.nodes import Node
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,6 @@ class Liveness:
         self._nc: NATS | None = None
         self._reconnects = 0
         self._sub: Subscription | None = None
-        self._stamped: tuple[int, str] = (-1, "")
         self.beats = 0
         """Beats taken (the benchmarks and tests read it)."""
 
@@ -92,7 +91,7 @@ class Liveness:
         heard = int(self.heard.get(name, 0.0))
         if heard <= int(self._records[name]):
             return node
-        stamp = self._stamp(heard)
+        stamp = format_second(heard)  # remembered by the second: the beats of a second share it
         if stamp == node.status.last_heartbeat_time:
             return node
         made = msgspec.structs.replace(
@@ -100,12 +99,6 @@ class Liveness:
         )
         self._made[name] = made
         return made
-
-    def _stamp(self, second: int) -> str:
-        """``second`` as metav1.Time, formatted once per second (the beats of a second share it)."""
-        if second != self._stamped[0]:
-            self._stamped = (second, format_time(datetime.fromtimestamp(second, UTC)))
-        return self._stamped[1]
 
     def record_beat(self, name: str) -> float:
         """The record's own ``lastHeartbeatTime`` of ``name`` (epoch seconds; 0 when unknown)."""
