@@ -1,5 +1,6 @@
 """Watch delivery (issue #23): a buffer the subscription's callback fills and the reader empties, bounded
-for a reader that falls behind; the stream sequence read from the reply subject."""
+for a reader that falls behind; the stream sequence read from the reply subject; the watch's own ordered
+consumer (flow control answered, a lost consumer made again)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import asyncio
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
 
 from nodus_kit import watching
 from nodus_kit.storing import ObjectStore
-from nodus_kit.watching import WatchClosed, stream_sequence
+from nodus_kit.watching import WatchClosed, sequences, stream_sequence
 from nodus_schema.jobs import Job, JobSpec
 from nodus_schema.meta import ObjectMeta
 
@@ -75,3 +77,58 @@ def test_stream_sequence_from_either_form_of_reply_subject() -> None:
     for reply in (v1, v2):
         msg = Msg(_client=None, subject="$KV.jobs.p.a", reply=reply)  # type: ignore[arg-type]
         assert stream_sequence(msg) == 4567 == msg.metadata.sequence.stream
+        assert sequences(msg) == (4567, 12)
+        assert msg.metadata.sequence.consumer == 12
+
+
+async def test_a_consumer_lost_under_a_watch_is_made_again_from_the_last_event(
+    jobs: ObjectStore[Job], nc: NATS, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server forgets the consumer (as a server that restarted would): its heartbeats stop, and the
+    # watch, after two missed beats, makes a new one from the sequence after the last event it read.
+    monkeypatch.setattr(watching, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(watching, "WAKE_S", 0.2)
+    js = nc.jetstream()
+    start = int((await jobs.create(job(unique, "before"))).metadata.resource_version or 0)
+    async with jobs.watch(unique, resource_version=start) as w:
+        await jobs.create(job(unique, "a"))
+        assert (await w.next(timeout=5)).object.metadata.name == "a"
+        mine = [
+            c.name
+            for c in await js.consumers_info(jobs.stream)
+            if c.config.filter_subject == w.subject
+            and c.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE
+        ]
+        assert len(mine) == 1
+        await js.delete_consumer(jobs.stream, mine[0])
+        await jobs.create(job(unique, "b"))
+        await jobs.create(job(unique, "c"))
+        names = [(await w.next(timeout=5)).object.metadata.name for _ in range(2)]
+        with pytest.raises(asyncio.TimeoutError):
+            await w.next(timeout=0.5)  # nothing twice
+        assert w.resumes == 1
+    assert names == ["b", "c"]
+
+
+async def test_a_watch_answers_flow_control_so_a_large_backlog_keeps_coming(
+    jobs: ObjectStore[Job], unique: str
+) -> None:
+    # 24 MB of changes: the server asks for flow control every few MB and stops sending to a consumer
+    # that does not answer (nats-py's ordered consumer answered from a task of its own).
+    start = int((await jobs.create(job(unique, "before"))).metadata.resource_version or 0)
+    blob = "x" * (96 * 1024)
+    for batch in range(5):
+        await asyncio.gather(
+            *(jobs.create(_with_note(job(unique, f"j{batch}-{i}"), blob)) for i in range(50))
+        )
+    async with jobs.watch(unique, resource_version=start) as w:
+        # Within less than a heartbeat each: a consumer stalled on an unanswered request would go on only
+        # when its next heartbeat (which names the request again) is answered.
+        seen = [(await w.next(timeout=watching.HEARTBEAT_S * 0.75)).object.metadata.name for _ in range(250)]
+        assert w.resumes == 0
+    assert len(set(seen)) == 250
+
+
+def _with_note(j: Job, note: str) -> Job:
+    j.metadata.annotations["note"] = note
+    return j

@@ -13,6 +13,17 @@ the server no longer waits for the reader: the buffer is bounded instead (:data:
 :data:`MAX_BUFFERED_BYTES`). A reader that falls that far behind drops its consumer, reads what it has,
 and re-creates the consumer from the last sequence it delivered, as after a lost one; the rest stays on
 the server meanwhile.
+
+The consumer is the watch's own (issue #23, idle), made with JetStream's public API and read by a plain
+subscription, not nats-py's ordered consumer, which runs two tasks per watch: one woke four times a
+second to answer flow control, whatever the traffic, and one every two heartbeats. The watch does what
+they did where it already is: it answers a flow-control request as it buffers it, a consumer sequence
+out of order (or a heartbeat that tells of messages it never got) drops the consumer and goes on from
+the last delivered sequence, as a reader behind does, and a reader waiting on a silent watch looks for
+its consumer once two heartbeats are missed (the heartbeats are what says a consumer lives: the
+watch no longer asks for its consumer after 30 s without a change, as it did). It also names its
+stream, where nats-py's asked the server which stream holds the subject: one JetStream request fewer
+per watch started or resumed.
 """
 
 from __future__ import annotations
@@ -22,32 +33,31 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, Header, StatusCode
 
 from nodus_kit.keying import META_PREFIX, NODUS_OP, Event, Page, is_marker, key_of
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
 HEARTBEAT_S: Final = 2.0
-"""The consumer's idle heartbeat. nats-py's ordered consumer re-creates a consumer that missed two of them
-(a consumer lost with its server: 4 s), from the stream sequence after the last it delivered. It was 1 s:
-each beat is a message from the server to every watch, and an idle ``make up`` stack has about twenty
-watches (issue #23, idle: 1.91% -> 1.30% of a core, the same host, back to back)."""
+"""The consumer's idle heartbeat. A watch whose consumer sent nothing, not even a beat, for two of them
+looks for it and re-creates it when it is gone (a consumer lost with its server: after 4-7 s), from the
+stream sequence after the last it delivered. It was 1 s: each beat is a message from the server to every
+watch, and an idle ``make up`` stack has about twenty watches (issue #23, idle: 1.91% -> 1.30% of a
+core, the same host, back to back)."""
+MISSED_BEATS: Final = 2
+"""Heartbeats a consumer may miss before its watch looks for it (as nats-py's ordered consumer)."""
 WAKE_S: Final = 3.0
 """How often a reader waiting on a silent watch wakes to notice a closed connection (nats-py gives a
-callback subscription no close signal)."""
-SILENCE_CHECK_S: Final = 30.0
-"""How long a watch goes without a message before it asks its consumer's info itself (and re-creates it
-when the server no longer knows it): a backstop to nats-py's own re-creation above, which alone also
-checks that a watch away that long has not missed a delete marker compacted meanwhile (410). It was
-every 3 s of silence, a JetStream API request per idle watch three times a minute (issue #23, idle)."""
+callback subscription no close signal) or a consumer that stopped beating."""
 MAX_BUFFERED: Final = 8192
 """Messages a watch holds for its reader at most; past that it drops its consumer until the reader has
 read them (memory stays bounded for a slow reader, such as a gateway watch to a slow client)."""
@@ -59,6 +69,11 @@ backlog of thousands is read without a wait each, but not in one turn of the loo
 _V1_ACK_TOKENS: Final = 9
 """``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ns>.<pending>``: the reply
 subject of a JetStream message without a domain (ADR-15 of nats-architecture-and-design)."""
+_STATUS: Final = Header.STATUS.value
+_CONTROL: Final = StatusCode.CONTROL_MESSAGE.value
+_DESCRIPTION: Final = Header.DESCRIPTION.value
+_LAST_CONSUMER: Final = Header.LAST_CONSUMER.value
+_STALLED: Final = Header.CONSUMER_STALLED.value
 
 
 class Watched(Protocol[T]):
@@ -74,6 +89,9 @@ class Watched(Protocol[T]):
     @property
     def prefix(self) -> str: ...
 
+    @property
+    def stream(self) -> str: ...
+
     async def list(self, namespace: str | None = None) -> Page[T]: ...
 
     async def check_not_expired(self, resource_version: int) -> None: ...
@@ -85,14 +103,20 @@ class WatchClosed(Exception):
     """The watch was stopped; iteration ends."""
 
 
-def stream_sequence(msg: Msg) -> int:
-    """The stream sequence of a JetStream message, read from its reply subject: nats-py's
-    ``msg.metadata`` builds a datetime and two dataclasses for it (about 9 µs, the largest single cost
+def sequences(msg: Msg) -> tuple[int, int]:
+    """The stream and consumer sequences of a JetStream message, read from its reply subject: nats-py's
+    ``msg.metadata`` builds a datetime and two dataclasses for them (about 9 µs, the largest single cost
     of a watch event); other forms of the subject (with a domain) are left to it."""
     tokens = (msg.reply or "").split(".")
     if len(tokens) == _V1_ACK_TOKENS and tokens[0] == "$JS" and tokens[1] == "ACK":
-        return int(tokens[5])
-    return int(msg.metadata.sequence.stream)
+        return int(tokens[5]), int(tokens[6])
+    sequence = msg.metadata.sequence
+    return int(sequence.stream), int(sequence.consumer)
+
+
+def stream_sequence(msg: Msg) -> int:
+    """The stream sequence of a JetStream message (see :func:`sequences`)."""
+    return sequences(msg)[0]
 
 
 class Watch(Generic[T]):
@@ -115,17 +139,18 @@ class Watch(Generic[T]):
             self.subject = store.prefix + (f"{namespace}.>" if namespace else ">")
         self._name = name
         self._prefix_len = len(store.prefix)
-        self._sub: Any = None
+        self._sub: Subscription | None = None
+        self._consumer: str | None = None
         self._initial: deque[Event[T]] = deque()
-        self._buffer: deque[Msg] = deque()
+        self._buffer: deque[tuple[int, Msg]] = deque()
         self._buffered_bytes = 0
         self._behind = False  # the buffer filled up: the consumer is (to be) dropped until it is read
         self._waiter: asyncio.Future[None] | None = None
         self._unyielded = 0
         self._closed = False
         self._consumers = 0
-        self._silent_since: float | None = None
-        """Loop time since which the consumer has sent nothing (None: a message since the last wait)."""
+        self._heard = 0.0
+        """Loop time of the consumer's last message or heartbeat (or of its creation)."""
 
     async def start(self) -> Watch[T]:
         if self.start_rv is None:
@@ -147,16 +172,33 @@ class Watch(Generic[T]):
         delivered again by the new consumer, so nothing is lost and nothing comes twice)."""
         await self._unsubscribe()
         self._behind = False
-        self._sub = await self.store.js.subscribe(
-            self.subject,
-            cb=self._receiver(),
-            ordered_consumer=True,
-            idle_heartbeat=HEARTBEAT_S,
-            config=ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=self.last + 1
-            ),
-        )
+        nc = self.store.nc
+        inbox = nc.new_inbox()
+        # Interest first: the server pushes as soon as the consumer exists.
+        self._sub = await nc.subscribe(inbox, cb=self._receiver())
+        try:
+            info = await self.store.js.add_consumer(self.store.stream, config=self._config(inbox))
+        except BaseException:
+            await self._unsubscribe()
+            raise
+        self._consumer = info.name
         self._consumers += 1
+
+    def _config(self, inbox: str) -> ConsumerConfig:
+        """An ordered consumer, as nats-py makes one: ephemeral, in memory, one replica, nothing acked
+        (the watch itself checks the order), flow control and idle heartbeats."""
+        return ConsumerConfig(
+            deliver_subject=inbox,
+            filter_subject=self.subject,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=self.last + 1,
+            ack_policy=AckPolicy.NONE,
+            max_deliver=1,
+            flow_control=True,
+            idle_heartbeat=HEARTBEAT_S,
+            mem_storage=True,
+            num_replicas=1,
+        )
 
     @property
     def resumes(self) -> int:
@@ -164,7 +206,7 @@ class Watch(Generic[T]):
         return max(0, self._consumers - 1)
 
     async def _unsubscribe(self) -> None:
-        sub, self._sub = self._sub, None
+        sub, self._sub, self._consumer = self._sub, None, None
         if sub is not None:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -172,23 +214,62 @@ class Watch(Generic[T]):
     def _receiver(self) -> Callable[[Msg], Awaitable[None]]:
         """The callback of one subscription. Its buffer is its own: a message of a consumer already
         replaced (in flight when it was dropped) lands in a buffer nobody reads, never among the new
-        consumer's. Once full it takes nothing more, so what it holds has no gap."""
-        buffer: deque[Msg] = deque()
+        consumer's. Once full, or once a consumer sequence is missing, it takes nothing more, so what it
+        holds has no gap; the reader reads it and goes on with a new consumer."""
+        buffer: deque[tuple[int, Msg]] = deque()
         self._buffer, self._buffered_bytes = buffer, 0
+        loop = asyncio.get_running_loop()
+        self._heard = loop.time()
+        delivered = 0  # the consumer sequence of the last message buffered
 
         async def receive(msg: Msg) -> None:
+            nonlocal delivered
             if buffer is not self._buffer or self._behind:
                 return
-            if len(buffer) >= MAX_BUFFERED or self._buffered_bytes >= MAX_BUFFERED_BYTES:
-                self._behind = True
+            self._heard = loop.time()
+            if not msg.data:
+                headers = msg.headers
+                if headers is not None and headers.get(_STATUS) == _CONTROL:
+                    await self._controlled(msg, headers, delivered)
+                    return
+            stream_seq, consumer_seq = sequences(msg)
+            if consumer_seq != delivered + 1:
+                self._fall_behind()  # a message this client dropped (a slow consumer)
                 return
-            buffer.append(msg)
+            if len(buffer) >= MAX_BUFFERED or self._buffered_bytes >= MAX_BUFFERED_BYTES:
+                self._fall_behind()
+                return
+            delivered = consumer_seq
+            buffer.append((stream_seq, msg))
             self._buffered_bytes += len(msg.data)
-            waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            self._wake()
 
         return receive
+
+    async def _controlled(self, msg: Msg, headers: dict[str, str], delivered: int) -> None:
+        """A flow-control request is answered at once (the buffer bounds what the watch holds); an idle
+        heartbeat answers a stalled consumer and says which consumer sequence it delivered last."""
+        if headers.get(_DESCRIPTION, "").startswith("Flow"):
+            if msg.reply:
+                await self.store.nc.publish(msg.reply)
+            return
+        stalled = headers.get(_STALLED)
+        if stalled:
+            await self.store.nc.publish(stalled)
+        last = headers.get(_LAST_CONSUMER)
+        if last is not None and int(last) != delivered:
+            self._fall_behind()  # the server delivered messages this client never got
+
+    def _fall_behind(self) -> None:
+        """Take nothing more from this consumer; the reader drops it once it has read what is buffered
+        and goes on from the last sequence it delivered."""
+        self._behind = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def next(self, timeout: float | None = None) -> Event[T]:
         """The next event; raises :class:`asyncio.TimeoutError` when none comes within ``timeout``."""
@@ -201,10 +282,9 @@ class Watch(Generic[T]):
                 await self._unsubscribe()  # at once: what the server sends meanwhile would be dropped
             buffer = self._buffer
             while buffer:
-                msg = buffer.popleft()
+                seq, msg = buffer.popleft()
                 self._buffered_bytes -= len(msg.data)
-                self._silent_since = None
-                event = self._event(msg)
+                event = self._event(seq, msg)
                 if event is not None:
                     return await self._handed(event)
             if self._behind:
@@ -222,10 +302,8 @@ class Watch(Generic[T]):
             if self.store.nc.is_closed:
                 raise ConnectionClosedError
             now = loop.time()
-            if self._silent_since is None:
-                self._silent_since = now - wait
-            if not self._closed and now - self._silent_since >= SILENCE_CHECK_S:
-                self._silent_since = now
+            if not self._closed and now - self._heard >= MISSED_BEATS * HEARTBEAT_S:
+                self._heard = now  # looked for: the next look is two heartbeats on
                 await self._resubscribe_if_lost()
         raise WatchClosed(self.subject)
 
@@ -248,9 +326,12 @@ class Watch(Generic[T]):
         return bool(done)
 
     async def _resubscribe_if_lost(self) -> None:
-        """A silent consumer may be gone (server restarted): re-create it from the last delivered."""
+        """A consumer that stopped beating may be gone (its server restarted): re-create it from the last
+        delivered, after the check that nothing it could have missed meanwhile was compacted away."""
         try:
-            await self._sub.consumer_info()
+            if self._consumer is None:
+                raise LookupError("no consumer")  # its last creation failed
+            await self.store.js.consumer_info(self.store.stream, self._consumer)
         except Exception:
             # Compaction while we were away could have removed a delete marker we never saw: 410.
             await self.store.check_not_expired(self.last)
@@ -258,8 +339,7 @@ class Watch(Generic[T]):
             with contextlib.suppress(Exception):
                 await self._subscribe()
 
-    def _event(self, msg: Msg) -> Event[T] | None:
-        seq = stream_sequence(msg)
+    def _event(self, seq: int, msg: Msg) -> Event[T] | None:
         if seq <= self.last:
             return None  # a redelivery after a resume: already seen
         self.last = seq
@@ -288,9 +368,7 @@ class Watch(Generic[T]):
 
     async def stop(self) -> None:
         self._closed = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)  # a reader waiting ends now, with WatchClosed
+        self._wake()  # a reader waiting ends now, with WatchClosed
         await self._unsubscribe()
 
     async def __aenter__(self) -> Watch[T]:
