@@ -11,7 +11,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NATS
 from nats.errors import MaxPayloadError
 
-from nodus_kit import declaring
+from nodus_kit import declaring, watching
 from nodus_kit.connecting import connect
 from nodus_kit.errors import AlreadyExists, Conflict, Expired, Invalid, NotFound
 from nodus_kit.selecting import Selector
@@ -218,8 +218,12 @@ async def test_watch_resumes_across_server_restart_without_gaps(own_server: tupl
         await asyncio.to_thread(server.kill)
         await asyncio.to_thread(server.start)
         for i in range(5):
-            await jobs.create(job("p", f"b{i}"))
+            await jobs.create(job("p", f"b{i}"))  # done once the connection is back
+        # The watch sees the reconnection and looks for its consumer (gone with the server's memory) at
+        # its next wake, not only after two missed heartbeats.
+        back_by = asyncio.get_running_loop().time() + watching.MISSED_BEATS * watching.HEARTBEAT_S
         got += [(await w.next(timeout=20)).object.metadata.name for _ in range(7)]
+        assert asyncio.get_running_loop().time() < back_by
         with pytest.raises(asyncio.TimeoutError):
             await w.next(timeout=0.5)
     assert got == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)]

@@ -47,17 +47,22 @@ from nodus_kit.keying import META_PREFIX, NODUS_OP, Event, Page, is_marker, key_
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=msgspec.Struct)
-HEARTBEAT_S: Final = 2.0
-"""The consumer's idle heartbeat. A watch whose consumer sent nothing, not even a beat, for two of them
-looks for it and re-creates it when it is gone (a consumer lost with its server: after 4-7 s), from the
-stream sequence after the last it delivered. It was 1 s: each beat is a message from the server to every
-watch, and an idle ``make up`` stack has about twenty watches (issue #23, idle: 1.91% -> 1.30% of a
-core, the same host, back to back)."""
+HEARTBEAT_S: Final = 5.0
+"""The consumer's idle heartbeat, nats.go's default for an ordered consumer. A watch whose consumer sent
+nothing, not even a beat, for two of them looks for it and re-creates it when it is gone, from the stream
+sequence after the last it delivered: a consumer lost with a server the connection did not lose (another
+member of a cluster) is back after 10-13 s. A lost connection says more sooner (:data:`WAKE_S`). Each
+beat is a message from the server to every watch, which wakes nats-server's runtime and the watch's
+process; an idle ``make up`` stack has about twenty watches. Twenty idle watches cost nats-server 0.17-0.20%
+of a core with a 2 s heartbeat, 0.10% with 5 s, 0.03% with 30 s (issue #23, idle; it was 1 s until
+2026-12-06, then 2 s)."""
 MISSED_BEATS: Final = 2
 """Heartbeats a consumer may miss before its watch looks for it (as nats-py's ordered consumer)."""
 WAKE_S: Final = 3.0
 """How often a reader waiting on a silent watch wakes to notice a closed connection (nats-py gives a
-callback subscription no close signal) or a consumer that stopped beating."""
+callback subscription no close signal), a reconnection since its consumer was made (the consumer, in
+the server's memory, may be gone with a restarted server: it is looked for at once), or a consumer that
+stopped beating."""
 MAX_BUFFERED: Final = 8192
 """Messages a watch holds for its reader at most; past that it drops its consumer until the reader has
 read them (memory stays bounded for a slow reader, such as a gateway watch to a slow client)."""
@@ -97,6 +102,10 @@ class Watched(Protocol[T]):
     async def check_not_expired(self, resource_version: int) -> None: ...
 
     def decode(self, data: bytes, revision: int) -> T: ...
+
+
+def _reconnects(nc: NATS) -> int:
+    return int(nc.stats["reconnects"])
 
 
 class WatchClosed(Exception):
@@ -151,6 +160,8 @@ class Watch(Generic[T]):
         self._consumers = 0
         self._heard = 0.0
         """Loop time of the consumer's last message or heartbeat (or of its creation)."""
+        self._reconnects = 0
+        """The connection's reconnections when the consumer was made or last looked for."""
 
     async def start(self) -> Watch[T]:
         if self.start_rv is None:
@@ -173,6 +184,7 @@ class Watch(Generic[T]):
         await self._unsubscribe()
         self._behind = False
         nc = self.store.nc
+        self._reconnects = _reconnects(nc)
         inbox = nc.new_inbox()
         # Interest first: the server pushes as soon as the consumer exists.
         self._sub = await nc.subscribe(inbox, cb=self._receiver())
@@ -302,7 +314,7 @@ class Watch(Generic[T]):
             if self.store.nc.is_closed:
                 raise ConnectionClosedError
             now = loop.time()
-            if not self._closed and now - self._heard >= MISSED_BEATS * HEARTBEAT_S:
+            if not self._closed and self._may_be_lost(now):
                 self._heard = now  # looked for: the next look is two heartbeats on
                 await self._resubscribe_if_lost()
         raise WatchClosed(self.subject)
@@ -325,9 +337,15 @@ class Watch(Generic[T]):
         done, _ = await asyncio.wait((waiter,), timeout=seconds)
         return bool(done)
 
+    def _may_be_lost(self, now: float) -> bool:
+        """Whether the consumer missed its heartbeats, or the connection came back since it was made."""
+        silent = now - self._heard >= MISSED_BEATS * HEARTBEAT_S
+        return silent or _reconnects(self.store.nc) != self._reconnects
+
     async def _resubscribe_if_lost(self) -> None:
         """A consumer that stopped beating may be gone (its server restarted): re-create it from the last
         delivered, after the check that nothing it could have missed meanwhile was compacted away."""
+        self._reconnects = _reconnects(self.store.nc)
         try:
             if self._consumer is None:
                 raise LookupError("no consumer")  # its last creation failed
