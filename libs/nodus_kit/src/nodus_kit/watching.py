@@ -239,11 +239,10 @@ class Watch(Generic[T]):
             if buffer is not self._buffer or self._behind:
                 return
             self._heard = loop.time()
-            if not msg.data:
-                headers = msg.headers
-                if headers is not None and headers.get(_STATUS) == _CONTROL:
-                    await self._controlled(msg, headers, delivered)
-                    return
+            if not msg.data and msg.headers is not None and _STATUS in msg.headers:
+                if msg.headers[_STATUS] == _CONTROL:
+                    await self._controlled(msg, msg.headers, delivered)
+                return  # any other status is no change to hand out
             stream_seq, consumer_seq = sequences(msg)
             if consumer_seq != delivered + 1:
                 self._fall_behind()  # a message this client dropped (a slow consumer)
