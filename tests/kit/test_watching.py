@@ -13,7 +13,7 @@ from nats.js.api import DeliverPolicy
 
 from nodus_kit import watching
 from nodus_kit.storing import ObjectStore
-from nodus_kit.watching import WatchClosed, sequences, stream_sequence
+from nodus_kit.watching import WatchClosed, sequences
 from nodus_schema.jobs import Job, JobSpec
 from nodus_schema.meta import ObjectMeta
 
@@ -71,14 +71,13 @@ async def test_after_stop_async_iteration_ends(jobs: ObjectStore[Job], unique: s
     assert seen == ["a"]
 
 
-def test_stream_sequence_from_either_form_of_reply_subject() -> None:
+def test_the_sequences_from_either_form_of_reply_subject() -> None:
     v1 = "$JS.ACK.KV_jobs.c1.1.4567.12.1733150000123456789.3"
     v2 = "$JS.ACK.hub.ACCHASH.KV_jobs.c1.1.4567.12.1733150000123456789.3.rand"
     for reply in (v1, v2):
         msg = Msg(_client=None, subject="$KV.jobs.p.a", reply=reply)  # type: ignore[arg-type]
-        assert stream_sequence(msg) == 4567 == msg.metadata.sequence.stream
         assert sequences(msg) == (4567, 12)
-        assert msg.metadata.sequence.consumer == 12
+        assert (msg.metadata.sequence.stream, msg.metadata.sequence.consumer) == (4567, 12)
 
 
 async def test_a_consumer_lost_under_a_watch_is_made_again_from_the_last_event(

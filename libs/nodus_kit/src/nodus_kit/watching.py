@@ -104,10 +104,6 @@ class Watched(Protocol[T]):
     def decode(self, data: bytes, revision: int) -> T: ...
 
 
-def _reconnects(nc: NATS) -> int:
-    return int(nc.stats["reconnects"])
-
-
 class WatchClosed(Exception):
     """The watch was stopped; iteration ends."""
 
@@ -121,11 +117,6 @@ def sequences(msg: Msg) -> tuple[int, int]:
         return int(tokens[5]), int(tokens[6])
     sequence = msg.metadata.sequence
     return int(sequence.stream), int(sequence.consumer)
-
-
-def stream_sequence(msg: Msg) -> int:
-    """The stream sequence of a JetStream message (see :func:`sequences`)."""
-    return sequences(msg)[0]
 
 
 class Watch(Generic[T]):
@@ -184,7 +175,7 @@ class Watch(Generic[T]):
         await self._unsubscribe()
         self._behind = False
         nc = self.store.nc
-        self._reconnects = _reconnects(nc)
+        self._reconnects = nc.stats["reconnects"]
         inbox = nc.new_inbox()
         # Interest first: the server pushes as soon as the consumer exists.
         self._sub = await nc.subscribe(inbox, cb=self._receiver())
@@ -339,22 +330,21 @@ class Watch(Generic[T]):
     def _may_be_lost(self, now: float) -> bool:
         """Whether the consumer missed its heartbeats, or the connection came back since it was made."""
         silent = now - self._heard >= MISSED_BEATS * HEARTBEAT_S
-        return silent or _reconnects(self.store.nc) != self._reconnects
+        return silent or self.store.nc.stats["reconnects"] != self._reconnects
 
     async def _resubscribe_if_lost(self) -> None:
         """A consumer that stopped beating may be gone (its server restarted): re-create it from the last
         delivered, after the check that nothing it could have missed meanwhile was compacted away."""
-        self._reconnects = _reconnects(self.store.nc)
-        try:
-            if self._consumer is None:
-                raise LookupError("no consumer")  # its last creation failed
-            await self.store.js.consumer_info(self.store.stream, self._consumer)
-        except Exception:
-            # Compaction while we were away could have removed a delete marker we never saw: 410.
-            await self.store.check_not_expired(self.last)
-            log.info("watch consumer lost; resuming", extra={"subject": self.subject, "from": self.last + 1})
+        self._reconnects = self.store.nc.stats["reconnects"]
+        if self._consumer is not None:  # None: its last creation failed
             with contextlib.suppress(Exception):
-                await self._subscribe()
+                await self.store.js.consumer_info(self.store.stream, self._consumer)
+                return  # still there
+        # Compaction while we were away could have removed a delete marker we never saw: 410.
+        await self.store.check_not_expired(self.last)
+        log.info("watch consumer lost; resuming", extra={"subject": self.subject, "from": self.last + 1})
+        with contextlib.suppress(Exception):
+            await self._subscribe()
 
     def _event(self, seq: int, msg: Msg) -> Event[T] | None:
         if seq <= self.last:
