@@ -136,7 +136,7 @@ def test_without_a_file_the_defaults_hold(tmp_path: Path) -> None:
         {"NODUS_AGENT_NODE": "n1", "NODUS_AGENT_REGION": "eu", "NODUS_AGENT_GPUS": "2"}
     )
     assert (s.offering, s.variant, s.gpu_memory, s.heartbeat_s, s.stop_grace_s) == (
-        "h100-sxm-80g-x2-eu", "H100-SXM-80G", "80Gi", 2.0, 10.0,
+        "h100-sxm-80g-x2-eu", "H100-SXM-80G", "80Gi", 5.0, 10.0,
     )  # fmt: skip
     assert (s.runtime, s.docker_gpu_mode, s.docker_ulimits, s.s3_bucket, s.s3_settings()) == (
         "process", "device-requests", (), None, None,

@@ -123,7 +123,7 @@ def test_the_leaders_settings_extend_to_a_services_own() -> None:
 
     own = read_settings(Own, {"NODUS_LEASE_TTL_S": "3", "NODUS_RESYNC_S": "0.5", "NODUS_T_HOLD_S": "0"})
     assert (own.lease_ttl_s, own.resync_s, own.hold_s) == (3, 0.5, 0.0)
-    assert read_settings(Own, {}) == Own(lease_ttl_s=10, resync_s=30.0, hold_s=1.0)
+    assert read_settings(Own, {}) == Own(lease_ttl_s=15, resync_s=30.0, hold_s=1.0)
     for bad in ("0", "2.5", "ten"):
         with pytest.raises(SettingError, match=rf"NODUS_LEASE_TTL_S='{bad}': give a whole number of seconds"):
             read_settings(Own, {"NODUS_LEASE_TTL_S": bad})

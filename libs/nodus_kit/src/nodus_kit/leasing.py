@@ -29,7 +29,7 @@ PREFIX = "$KV.leases."
 WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
-DEFAULT_TTL_S = 10
+DEFAULT_TTL_S = 15
 TTL_ENV = "NODUS_LEASE_TTL_S"
 RESYNC_ENV = "NODUS_RESYNC_S"
 
@@ -53,7 +53,7 @@ class LeaseRecord(msgspec.Struct, rename="camel"):
 
 
 class Lease:
-    def __init__(self, nc: NATS, name: str, holder: str, *, ttl_s: int = 10) -> None:
+    def __init__(self, nc: NATS, name: str, holder: str, *, ttl_s: int = DEFAULT_TTL_S) -> None:
         if ttl_s < 1:
             raise ValueError("a lease TTL is whole seconds, at least 1 (the server's TTL granularity)")
         self.js = nc.jetstream()

@@ -287,7 +287,7 @@ KEYS: Final[tuple[Key, ...]] = (
     _key("interruptible", "interruptible", _bool, False, "the provider may reclaim the host"),
     _key("workdir", "workdir", _path, None, "unset: .nodus/agent/<node>"),
     _key("cwd", "cwd", _path, None, "of process-runtime programs; unset: the agent's"),
-    _key("heartbeat_s", "heartbeat_s", _seconds(0.0, True), 2.0, "liveness beat, on the bus"),
+    _key("heartbeat_s", "heartbeat_s", _seconds(0.0, True), 5.0, "liveness beat, on the bus"),
     _key("record_s", "record_s", _seconds(0.0, True), 60.0, "Node record refresh"),
     _key("stop_grace_s", "stop_grace_s", _seconds(0.0, False), 10.0, "SIGTERM to SIGKILL"),
     _key("runtime", "runtime", _choice(RUNTIMES), "process"),
