@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerInfo, DeliverPolicy
 
 from nodus_kit import watching
 from nodus_kit.storing import ObjectStore
@@ -92,12 +92,7 @@ async def test_a_consumer_lost_under_a_watch_is_made_again_from_the_last_event(
     async with jobs.watch(unique, resource_version=start) as w:
         await jobs.create(job(unique, "a"))
         assert (await w.next(timeout=5)).object.metadata.name == "a"
-        mine = [
-            c.name
-            for c in await js.consumers_info(jobs.stream)
-            if c.config.filter_subject == w.subject
-            and c.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE
-        ]
+        mine = [c.name for c in await _consumers_of(w, jobs)]
         assert len(mine) == 1
         await js.delete_consumer(jobs.stream, mine[0])
         await jobs.create(job(unique, "b"))
@@ -114,17 +109,11 @@ async def test_a_heartbeat_naming_a_message_never_received_resumes_from_the_last
 ) -> None:
     # A heartbeat says which consumer sequence the server delivered last; one the watch never got (a
     # message lost on the way) makes it resume from the last event it handed out, so nothing is missed.
-    js = nc.jetstream()
     start = int((await jobs.create(job(unique, "before"))).metadata.resource_version or 0)
     async with jobs.watch(unique, resource_version=start) as w:
         await jobs.create(job(unique, "a"))
         assert (await w.next(timeout=5)).object.metadata.name == "a"
-        inbox = next(
-            c.config.deliver_subject
-            for c in await js.consumers_info(jobs.stream)
-            if c.config.filter_subject == w.subject
-            and c.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE
-        )
+        inbox = (await _consumers_of(w, jobs))[0].config.deliver_subject
         assert inbox is not None
         beat = {"Status": "100", "Description": "Idle Heartbeat", "Nats-Last-Consumer": "3"}
         await nc.publish(inbox, b"", headers=beat)  # the server says it sent 3; the watch got 1
@@ -155,6 +144,15 @@ async def test_a_watch_answers_flow_control_so_a_large_backlog_keeps_coming(
     finally:
         # Out of the session's bucket: a later test's list of every namespace would read these 6 MB.
         await nc.jetstream().purge_stream(jobs.stream, subject=f"{jobs.prefix}{unique}.>")
+
+
+async def _consumers_of(w: watching.Watch[Job], jobs: ObjectStore[Job]) -> list[ConsumerInfo]:
+    """The watch's own consumers on the server: its subject, from the sequence after its start."""
+    return [
+        c
+        for c in await jobs.js.consumers_info(jobs.stream)
+        if c.config.filter_subject == w.subject and c.config.deliver_policy == DeliverPolicy.BY_START_SEQUENCE
+    ]
 
 
 def _with_note(j: Job, note: str) -> Job:

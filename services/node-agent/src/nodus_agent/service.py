@@ -111,8 +111,8 @@ class AgentService(Service):
         client, bucket = toolkit.s3, toolkit.store.bucket
         ask = retaining.Asker(self.bus, self.agent.node)
         lease = Lease(self.bus, retaining.LEASE, holder=self.agent.node, ttl_s=30)
-        # A standby looks for the lease once a pass (not every quarter of its TTL): the work runs every
-        # few minutes, and a fleet of N agents asks N / EVERY_S times a second, not N / 7.5.
+        # A standby looks for the lease once a pass, not every quarter of its TTL: the work runs every few
+        # minutes, and a fleet of N agents then asks N / EVERY_S times a second.
         work = functools.partial(retaining.run, client, bucket, ask)
         await run_as_leader(lease, work, stop=self.stopping, poll_s=retaining.EVERY_S)
 
